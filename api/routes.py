@@ -1,0 +1,240 @@
+"""HTTP routes: parse, check, store, queue. No scoring happens here."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+from typing import Annotated, Any, Literal
+
+import anyio.to_thread
+from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from sqlalchemy import text, update
+
+from api.auth import current_project
+from api.body import blocking_lines, read_body
+from api.errors import ApiError, not_found
+from recallq import ingest, queries
+from recallq.db import session_scope
+from recallq.model_registry import load_models
+from recallq.models import Item, ItemStatus, Run, RunStatus, utcnow
+from recallq.settings import get_settings
+
+log = logging.getLogger(__name__)
+router = APIRouter()
+Project = Annotated[str, Depends(current_project)]
+NDJSON = "application/x-ndjson"
+
+
+def queue_run(run_id: str) -> None:
+    """Hand the run to the workers. If the broker is down the run stays queued, and a
+    worker's reaper dispatches it later."""
+    from worker.celery_app import DISPATCH_TASK, app
+
+    try:
+        app.send_task(DISPATCH_TASK, args=[run_id])
+    except Exception:  # noqa: BLE001  (broker errors vary by transport)
+        log.warning("could not queue run %s now; the reaper will", run_id, exc_info=True)
+
+
+def _run_or_404(session, run_id: str, project: str, lock: bool = False) -> Run:  # type: ignore[no-untyped-def]
+    run = session.get(Run, run_id, with_for_update=lock)
+    if run is None or run.project != project:
+        raise not_found(f"run {run_id}")
+    return run
+
+
+def _json_param(name: str, raw: str | None) -> Any:
+    if raw is None:
+        return None
+    try:
+        return json.loads(raw)
+    except json.JSONDecodeError as exc:
+        raise ApiError(422, "invalid_request", f"{name} must be JSON: {exc.msg}") from exc
+
+
+def _store(spec: ingest.RunSpec, items: Any) -> tuple[dict[str, Any], bool]:
+    """Write the run (or find the one this idempotency key made). Runs in a worker thread."""
+    with session_scope() as session:
+        existing = ingest.find_by_idempotency_key(session, spec)
+        if existing is not None:
+            return queries.run_view(session, existing), False
+        run = ingest.create_run(session, spec, items)
+        session.flush()
+        view = queries.run_view(session, run)
+    return view, True
+
+
+@router.post("/v1/runs", status_code=202)
+async def create_run(
+    request: Request,
+    project: Project,
+    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
+    name: str | None = None,
+    model: str | None = None,
+    scale: float = 1,
+    context: str | None = Query(None, description="JSON list of static context passages"),
+    context_extractor: str | None = Query(None, description="JSON extractor spec"),
+) -> JSONResponse:
+    settings = get_settings()
+    known = load_models(settings.models_file)
+    content_type = request.headers.get("content-type", "").split(";")[0].strip()
+    if content_type == NDJSON:
+        spec = ingest.build_spec(
+            model=model, known_models=known, name=name, scale=scale,
+            context=_json_param("context", context),
+            context_extractor=_json_param("context_extractor", context_extractor),
+            project=project, idempotency_key=idempotency_key,
+        )
+        lines = blocking_lines(request.stream(), settings.max_body_bytes, settings.max_item_bytes)
+        items: Any = ingest.parse_ndjson_lines(lines)
+    elif content_type in ("application/json", ""):
+        body = await read_body(request, settings.max_body_bytes)
+        try:
+            payload = json.loads(body)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ApiError(400, "invalid_json", f"body is not valid JSON: {exc}") from exc
+        if not isinstance(payload, dict) or not isinstance(payload.get("items"), list):
+            raise ApiError(422, "invalid_request", 'body must be an object with an "items" list')
+        unknown = set(payload) - {"name", "model", "scale", "context", "context_extractor", "items"}
+        if unknown:
+            raise ApiError(422, "invalid_request", f"unknown field(s): {', '.join(sorted(unknown))}")
+        spec = ingest.build_spec(
+            model=payload.get("model"), known_models=known, name=payload.get("name"),
+            scale=payload.get("scale", 1), context=payload.get("context"),
+            context_extractor=payload.get("context_extractor"),
+            project=project, idempotency_key=idempotency_key,
+        )
+        items = payload["items"]
+    else:
+        raise ApiError(415, "unsupported_media_type", f"use application/json or {NDJSON}")
+    view, created = await anyio.to_thread.run_sync(_store, spec, items)
+    if created:
+        queue_run(view["id"])
+    return JSONResponse(view, status_code=202)
+
+
+@router.get("/v1/runs/{run_id}")
+def get_run(run_id: str, project: Project) -> dict[str, Any]:
+    with session_scope() as session:
+        return queries.run_view(session, _run_or_404(session, run_id, project))
+
+
+def _decode_cursor(cursor: str | None) -> int | None:
+    if not cursor:
+        return None
+    try:
+        return int(base64.urlsafe_b64decode(cursor.encode() + b"==").decode())
+    except ValueError as exc:
+        raise ApiError(422, "invalid_cursor", "cursor is not one this API returned") from exc
+
+
+def _encode_cursor(index: int | None) -> str | None:
+    return None if index is None else base64.urlsafe_b64encode(str(index).encode()).decode()
+
+
+ItemStatusParam = Literal["pending", "running", "succeeded", "failed", "cancelled"]
+
+
+@router.get("/v1/runs/{run_id}/items")
+def list_items(
+    run_id: str,
+    project: Project,
+    status: ItemStatusParam | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    cursor: str | None = None,
+) -> dict[str, Any]:
+    after = _decode_cursor(cursor)
+    with session_scope() as session:
+        _run_or_404(session, run_id, project)
+        items, next_index = queries.items_page(session, run_id, status, limit, after)
+    return {"items": items, "next_cursor": _encode_cursor(next_index)}
+
+
+@router.get("/v1/runs/{run_id}/items/{item_id}")
+def get_item(run_id: str, item_id: str, project: Project) -> dict[str, Any]:
+    with session_scope() as session:
+        _run_or_404(session, run_id, project)
+        item = queries.get_item(session, run_id, item_id)
+    if item is None:
+        raise not_found(f"item {item_id}")
+    return item
+
+
+@router.get("/v1/runs/{run_id}/results")
+def results(
+    run_id: str, project: Project, format: Literal["jsonl", "csv"] = "jsonl"
+) -> StreamingResponse:
+    with session_scope() as session:
+        _run_or_404(session, run_id, project)
+
+    def stream():  # type: ignore[no-untyped-def]
+        with session_scope() as session:
+            rows = queries.iter_results(session, run_id)
+            yield from (queries.csv_lines(rows) if format == "csv" else queries.jsonl_lines(rows))
+
+    media = "text/csv" if format == "csv" else NDJSON
+    headers = {"Content-Disposition": f'attachment; filename="{run_id}.{format}"'}
+    return StreamingResponse(stream(), media_type=media, headers=headers)
+
+
+@router.post("/v1/runs/{run_id}/cancel")
+def cancel_run(run_id: str, project: Project) -> dict[str, Any]:
+    with session_scope() as session:
+        run = _run_or_404(session, run_id, project, lock=True)
+        if run.status not in RunStatus.ENDED:
+            run.status, run.finished_at = RunStatus.CANCELLED, utcnow()
+            session.execute(
+                update(Item)
+                .where(Item.run_id == run_id, Item.status.not_in(ItemStatus.ENDED))
+                .values(status=ItemStatus.CANCELLED, finished_at=utcnow(), lease_until=None)
+            )
+        return queries.run_view(session, run)
+
+
+@router.post("/v1/runs/{run_id}/retry", status_code=202)
+def retry_run(run_id: str, project: Project) -> JSONResponse:
+    with session_scope() as session:
+        run = _run_or_404(session, run_id, project, lock=True)
+        if run.status == RunStatus.CANCELLED:
+            raise ApiError(409, "run_cancelled", "a cancelled run cannot be retried")
+        retried = session.execute(
+            update(Item)
+            .where(Item.run_id == run_id, Item.status == ItemStatus.FAILED)
+            .values(status=ItemStatus.PENDING, error=None, finished_at=None)
+        ).rowcount
+        if retried:
+            run.status, run.finished_at = RunStatus.RUNNING, None
+        view = queries.run_view(session, run)
+    if retried:
+        queue_run(run_id)
+    return JSONResponse({**view, "retried_items": retried}, status_code=202)
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz() -> JSONResponse:
+    checks: dict[str, str] = {}
+    try:
+        with session_scope() as session:
+            session.execute(text("SELECT 1"))
+        checks["database"] = "ok"
+    except Exception as exc:  # noqa: BLE001
+        checks["database"] = f"error: {type(exc).__name__}"
+    try:
+        import redis
+
+        redis.Redis.from_url(get_settings().redis_url, socket_timeout=2).ping()
+        checks["redis"] = "ok"
+    except Exception as exc:  # noqa: BLE001
+        checks["redis"] = f"error: {type(exc).__name__}"
+    ready = all(v == "ok" for v in checks.values())
+    return JSONResponse({"status": "ok" if ready else "unavailable", "checks": checks},
+                        status_code=200 if ready else 503)
+
+

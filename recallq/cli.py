@@ -1,0 +1,155 @@
+"""The `recallq` command."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from recallq import ingest, local, migrate
+    from recallq.settings import get_settings
+
+    if not args.file.exists():
+        print(f"recallq: no such file: {args.file}", file=sys.stderr)
+        return 2
+    migrate.upgrade()
+    try:
+        run_id = local.submit_local(args.file, args.model, args.scale, args.name)
+    except ingest.SubmissionError as exc:
+        print(f"recallq: {args.file}: {exc.message}", file=sys.stderr)
+        return 2
+    model = args.model or get_settings().default_model
+    concurrency = args.concurrency or local.default_concurrency(model)
+    view = local.process(run_id, concurrency, progress=not args.quiet)
+    if args.out:
+        local.write_results(run_id, args.out)
+    local.print_summary(view, run_id, args.out, sys.stdout)
+    return 0
+
+
+def cmd_api(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    uvicorn.run("api.app:app", host=args.host, port=args.port, workers=args.workers,
+                log_level="info")
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from recallq.settings import get_settings
+    from worker.celery_app import QUEUE, app
+
+    concurrency = args.concurrency or get_settings().worker_concurrency
+    app.worker_main(
+        ["worker", "--pool", "threads", "--concurrency", str(concurrency), "--queues", QUEUE,
+         "--loglevel", args.loglevel, "--without-gossip", "--without-mingle"]
+    )
+    return 0
+
+
+def cmd_migrate(args: argparse.Namespace) -> int:
+    from recallq import migrate
+
+    if args.downgrade:
+        migrate.downgrade(revision=args.downgrade)
+    else:
+        migrate.upgrade()
+    return 0
+
+
+def cmd_submit(args: argparse.Namespace) -> int:
+    from recallq import client
+
+    return client.submit(args)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    from recallq import client
+
+    return client.status(args)
+
+
+def cmd_results(args: argparse.Namespace) -> int:
+    from recallq import client
+
+    return client.results(args)
+
+
+def cmd_cancel(args: argparse.Namespace) -> int:
+    from recallq import client
+
+    return client.post_action(args, "cancel")
+
+
+def cmd_retry(args: argparse.Namespace) -> int:
+    from recallq import client
+
+    return client.post_action(args, "retry")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="recallq", description="Context-recall scoring at scale.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    api_url = os.environ.get("RECALLQ_API_URL", "http://127.0.0.1:8000")
+
+    run = sub.add_parser("run", help="score a JSONL file locally (SQLite, in-process worker)")
+    run.add_argument("file", type=Path)
+    run.add_argument("--model", help="judge model (default: RECALLQ_DEFAULT_MODEL or local/lexical)")
+    run.add_argument("--scale", type=float, default=1.0)
+    run.add_argument("--out", type=Path, help="write per-item results with claims as JSONL")
+    run.add_argument("--name")
+    run.add_argument("--concurrency", type=int)
+    run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.set_defaults(func=cmd_run)
+
+    api = sub.add_parser("api", help="serve the HTTP API")
+    api.add_argument("--host", default="127.0.0.1")
+    api.add_argument("--port", type=int, default=8000)
+    api.add_argument("--workers", type=int, default=1)
+    api.set_defaults(func=cmd_api)
+
+    worker = sub.add_parser("worker", help="run a Celery worker")
+    worker.add_argument("--concurrency", type=int, help="LLM calls in flight (threads)")
+    worker.add_argument("--loglevel", default="INFO")
+    worker.set_defaults(func=cmd_worker)
+
+    migrate = sub.add_parser("migrate", help="upgrade the database schema to head")
+    migrate.add_argument("--downgrade", metavar="REVISION", help="downgrade instead")
+    migrate.set_defaults(func=cmd_migrate)
+
+    for name, func, helptext in (
+        ("submit", cmd_submit, "stream a JSONL file to the API as a new run"),
+        ("status", cmd_status, "show a run's status"),
+        ("results", cmd_results, "download a run's results"),
+        ("cancel", cmd_cancel, "cancel a run"),
+        ("retry", cmd_retry, "re-queue a run's failed items"),
+    ):
+        p = sub.add_parser(name, help=helptext)
+        p.add_argument("--api", default=api_url, help="API base URL (env RECALLQ_API_URL)")
+        if name == "submit":
+            p.add_argument("file", type=Path)
+            p.add_argument("--model")
+            p.add_argument("--scale", type=float)
+            p.add_argument("--name")
+            p.add_argument("--wait", action="store_true", help="poll until the run ends")
+        else:
+            p.add_argument("run_id")
+        if name == "results":
+            p.add_argument("--format", choices=["jsonl", "csv"], default="jsonl")
+            p.add_argument("--out", type=Path, help="file to write (default: stdout)")
+        p.set_defaults(func=func)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

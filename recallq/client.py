@@ -1,0 +1,99 @@
+"""HTTP client side of the CLI: submit, status, results, cancel, retry."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+
+TERMINAL = ("completed", "cancelled", "failed")
+
+
+def _fail(response: httpx.Response) -> int:
+    try:
+        error = response.json()["error"]
+        print(f"recallq: {response.status_code} {error['code']}: {error['message']}", file=sys.stderr)
+    except (ValueError, KeyError, TypeError):
+        print(f"recallq: HTTP {response.status_code}: {response.text[:300]}", file=sys.stderr)
+    return 1
+
+
+def _stream_file(path: Path, bar) -> Iterator[bytes]:  # type: ignore[no-untyped-def]
+    with path.open("rb") as handle:
+        while chunk := handle.read(256 * 1024):
+            bar.update(len(chunk))
+            yield chunk
+
+
+def submit(args: argparse.Namespace) -> int:
+    from tqdm import tqdm
+
+    params = {k: v for k in ("model", "scale", "name") if (v := getattr(args, k)) is not None}
+    size = args.file.stat().st_size
+    with tqdm(total=size, unit="B", unit_scale=True, desc="upload", file=sys.stderr) as bar:
+        response = httpx.post(
+            f"{args.api}/v1/runs",
+            params=params,
+            content=_stream_file(args.file, bar),
+            headers={"Content-Type": "application/x-ndjson"},
+            timeout=httpx.Timeout(30, read=600),
+        )
+    if response.status_code != 202:
+        return _fail(response)
+    run = response.json()
+    print(run["id"])
+    if args.wait:
+        return _wait(args.api, run["id"])
+    return 0
+
+
+def _wait(api: str, run_id: str) -> int:
+    while True:
+        run = httpx.get(f"{api}/v1/runs/{run_id}", timeout=30).json()
+        counts = run["counts"]
+        print(
+            f"\r{run['status']}: {counts['succeeded']} scored, {counts['failed']} failed, "
+            f"{counts['pending'] + counts['running']} to go", end="", file=sys.stderr,
+        )
+        if run["status"] in TERMINAL:
+            print(file=sys.stderr)
+            print(json.dumps(run, indent=2))
+            return 0
+        time.sleep(1)
+
+
+def status(args: argparse.Namespace) -> int:
+    response = httpx.get(f"{args.api}/v1/runs/{args.run_id}", timeout=30)
+    if response.status_code != 200:
+        return _fail(response)
+    print(json.dumps(response.json(), indent=2))
+    return 0
+
+
+def results(args: argparse.Namespace) -> int:
+    url = f"{args.api}/v1/runs/{args.run_id}/results"
+    with httpx.stream("GET", url, params={"format": args.format}, timeout=None) as response:
+        if response.status_code != 200:
+            response.read()
+            return _fail(response)
+        out = args.out.open("wb") if args.out else sys.stdout.buffer
+        try:
+            for chunk in response.iter_bytes():
+                out.write(chunk)
+        finally:
+            if args.out:
+                out.close()
+    return 0
+
+
+def post_action(args: argparse.Namespace, action: str) -> int:
+    response = httpx.post(f"{args.api}/v1/runs/{args.run_id}/{action}", timeout=60)
+    if response.status_code not in (200, 202):
+        return _fail(response)
+    print(json.dumps(response.json(), indent=2))
+    return 0

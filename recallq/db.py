@@ -1,0 +1,76 @@
+"""Engine and session factory; SQLite tuned so an in-process worker can share it."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+from recallq.settings import get_settings
+
+_lock = threading.Lock()
+_sessionmakers: dict[str, sessionmaker[Session]] = {}
+
+
+def is_sqlite(url: str) -> bool:
+    return url.startswith("sqlite")
+
+
+def make_engine(url: str) -> Engine:
+    if not is_sqlite(url):
+        return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=40)
+    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
+
+    @event.listens_for(engine, "connect")
+    def _sqlite_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+        # Take control of transactions so every one starts with BEGIN IMMEDIATE: threads then
+        # queue for the write lock instead of failing on a read-to-write upgrade.
+        dbapi_conn.isolation_level = None
+        dbapi_conn.execute("PRAGMA journal_mode=WAL")
+        dbapi_conn.execute("PRAGMA synchronous=NORMAL")
+        dbapi_conn.execute("PRAGMA foreign_keys=ON")
+
+    @event.listens_for(engine, "begin")
+    def _sqlite_begin(conn) -> None:  # type: ignore[no-untyped-def]
+        conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+    return engine
+
+
+def _sessionmaker(url: str | None) -> sessionmaker[Session]:
+    url = url or get_settings().database_url
+    with _lock:
+        if url not in _sessionmakers:
+            _sessionmakers[url] = sessionmaker(make_engine(url), expire_on_commit=False)
+        return _sessionmakers[url]
+
+
+def get_engine(url: str | None = None) -> Engine:
+    engine = _sessionmaker(url).kw["bind"]
+    assert isinstance(engine, Engine)
+    return engine
+
+
+@contextmanager
+def session_scope(url: str | None = None) -> Iterator[Session]:
+    """One transaction: commit on success, roll back on error."""
+    session = _sessionmaker(url)()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        session.close()
+
+
+def dispose_engines() -> None:
+    """Close every pooled connection (after fork, and when tests switch databases)."""
+    with _lock:
+        for maker in _sessionmakers.values():
+            maker.kw["bind"].dispose()
+        _sessionmakers.clear()

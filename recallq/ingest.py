@@ -1,0 +1,189 @@
+"""Validating a submission and writing a run with its items in bulk.
+
+Shared by the API (JSON and NDJSON bodies) and local mode. Items stream through in batches,
+so memory stays flat in the number of items; the whole run is one transaction, so a rejected
+submission leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from sqlalchemy import insert, select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from recallq import context as ctx
+from recallq import scoring
+from recallq.models import Item, Run
+from recallq.settings import get_settings
+
+ITEM_FIELDS = {"id", "input", "output", "ground_truth", "context"}
+
+
+class SubmissionError(ValueError):
+    """A client error; `status` is the HTTP status it maps to."""
+
+    def __init__(self, message: str, code: str = "invalid_request", status: int = 422) -> None:
+        super().__init__(message)
+        self.message, self.code, self.status = message, code, status
+
+
+@dataclass
+class RunSpec:
+    model: str
+    name: str | None = None
+    scale: float = 1.0
+    context: list[str] | None = None
+    context_extractor: dict[str, Any] | None = None
+    project: str = "default"
+    idempotency_key: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def build_spec(
+    *,
+    model: str | None,
+    known_models: Iterable[str],
+    name: str | None = None,
+    scale: Any = 1,
+    context: Any = None,
+    context_extractor: Any = None,
+    project: str = "default",
+    idempotency_key: str | None = None,
+) -> RunSpec:
+    model = model or get_settings().default_model
+    if model not in set(known_models):
+        raise SubmissionError(f"unknown model {model!r}", code="unknown_model")
+    try:
+        scale = scoring.validate_scale(scale)
+        extractor = ctx.validate_extractor(context_extractor)
+    except ValueError as exc:
+        raise SubmissionError(str(exc)) from exc
+    if context is not None and not isinstance(context, list | str):
+        raise SubmissionError("context must be a list of strings")
+    if name is not None and (not isinstance(name, str) or len(name) > 200):
+        raise SubmissionError("name must be a string of at most 200 characters")
+    return RunSpec(
+        model=model,
+        name=name,
+        scale=scale,
+        context=ctx.to_passages(context) if context is not None else None,
+        context_extractor=extractor,
+        project=project,
+        idempotency_key=idempotency_key,
+    )
+
+
+def item_row(raw: Any, index: int, spec: RunSpec) -> tuple[dict[str, Any], bool]:
+    """The row for one submitted item, and whether any context source applies to it."""
+    if not isinstance(raw, dict):
+        raise SubmissionError(f"item {index}: must be a JSON object")
+    unknown = set(raw) - ITEM_FIELDS
+    if unknown:
+        raise SubmissionError(f"item {index}: unknown field(s) {', '.join(sorted(unknown))}")
+    key = raw.get("id", str(index))
+    if isinstance(key, int) and not isinstance(key, bool):
+        key = str(key)
+    if not isinstance(key, str) or not key or len(key) > 200:
+        raise SubmissionError(f"item {index}: id must be a non-empty string of at most 200 chars")
+    item_context, input_, output = raw.get("context"), raw.get("input"), raw.get("output")
+    try:
+        contexts = ctx.resolve_context(
+            item_context, input_, output, spec.context, spec.context_extractor
+        )
+    except ctx.ContextError as exc:
+        raise SubmissionError(f"item {index} ({key}): {exc}") from exc
+    resolvable = ctx.can_resolve_any(
+        item_context, input_, output, spec.context, spec.context_extractor
+    )
+    row = {
+        "idx": index,
+        "key": key,
+        "input": input_,
+        "output": output,
+        "ground_truth": scoring.ground_truth_text(raw.get("ground_truth")),
+        "contexts": contexts,
+    }
+    return row, resolvable
+
+
+def find_by_idempotency_key(session: Session, spec: RunSpec) -> Run | None:
+    if spec.idempotency_key is None:
+        return None
+    return session.scalars(
+        select(Run).where(Run.project == spec.project, Run.idempotency_key == spec.idempotency_key)
+    ).one_or_none()
+
+
+def create_run(session: Session, spec: RunSpec, items: Iterable[Any]) -> Run:
+    """Insert the run and its items in batches. Raises SubmissionError (nothing is kept)."""
+    settings = get_settings()
+    run = Run(
+        id=str(uuid.uuid4()),
+        project=spec.project,
+        name=spec.name,
+        model=spec.model,
+        scale=spec.scale,
+        context=spec.context,
+        context_extractor=spec.context_extractor,
+        idempotency_key=spec.idempotency_key,
+    )
+    session.add(run)
+    session.flush()
+    total, any_resolvable, batch = 0, False, []
+    for index, raw in enumerate(items):
+        if index >= settings.max_items_per_run:
+            raise SubmissionError(
+                f"a run holds at most {settings.max_items_per_run} items",
+                code="too_many_items",
+                status=413,
+            )
+        row, resolvable = item_row(raw, index, spec)
+        any_resolvable = any_resolvable or resolvable
+        row["run_id"] = run.id
+        batch.append(row)
+        total += 1
+        if len(batch) >= settings.insert_batch_size:
+            _insert_items(session, batch)
+            batch = []
+    _insert_items(session, batch)
+    if total == 0:
+        raise SubmissionError("the run has no items", code="empty_run")
+    if not any_resolvable:
+        raise SubmissionError(
+            "no item can resolve a context: give items a context, the run a static context, "
+            "or a context_extractor for agent-shaped items",
+            code="no_context",
+        )
+    run.total_items = total
+    return run
+
+
+def _insert_items(session: Session, rows: list[dict[str, Any]]) -> None:
+    if not rows:
+        return
+    try:
+        session.execute(insert(Item), rows)
+    except IntegrityError as exc:
+        raise SubmissionError("item ids must be unique within a run", code="duplicate_id") from exc
+
+
+def parse_ndjson_lines(lines: Iterable[bytes | str], start_line: int = 1) -> Iterator[Any]:
+    """Items from NDJSON lines; blank lines are skipped; a bad line is a 422 naming it."""
+    max_bytes = get_settings().max_item_bytes
+    for number, line in enumerate(lines, start=start_line):
+        if not line.strip():
+            continue
+        if len(line) > max_bytes:
+            raise SubmissionError(
+                f"line {number}: item larger than {max_bytes} bytes", code="item_too_large", status=413
+            )
+        try:
+            yield json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise SubmissionError(f"line {number}: invalid JSON: {exc}", code="invalid_json") from exc

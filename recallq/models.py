@@ -1,0 +1,129 @@
+"""Tables: runs, their items, and one row per extracted claim with its verdict."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+# Integer on SQLite so the primary key is its rowid (autoincrement); BIGINT elsewhere.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class Base(DeclarativeBase):
+    type_annotation_map = {datetime: DateTime(timezone=True), dict[str, Any]: JSON}
+
+
+class RunStatus:
+    QUEUED = "queued"
+    RUNNING = "running"
+    COMPLETED = "completed"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+    ENDED = (COMPLETED, CANCELLED, FAILED)
+
+
+class ItemStatus:
+    PENDING = "pending"  # stored, not yet handed to the broker
+    QUEUED = "queued"  # a message for it is in the broker
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    ENDED = (SUCCEEDED, FAILED, CANCELLED)
+    ALL = (PENDING, QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
+
+
+class Run(Base):
+    __tablename__ = "runs"
+    __table_args__ = (UniqueConstraint("project", "idempotency_key", name="uq_runs_idempotency"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    project: Mapped[str] = mapped_column(String(64), default="default", index=True)
+    name: Mapped[str | None] = mapped_column(String(200))
+    model: Mapped[str] = mapped_column(String(200))
+    scale: Mapped[float] = mapped_column(Float, default=1.0)
+    status: Mapped[str] = mapped_column(String(16), default=RunStatus.QUEUED)
+    context: Mapped[list[str] | None] = mapped_column(JSON)
+    context_extractor: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200))
+    total_items: Mapped[int] = mapped_column(Integer, default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+
+class Item(Base):
+    __tablename__ = "items"
+    __table_args__ = (
+        UniqueConstraint("run_id", "idx", name="uq_items_run_idx"),
+        UniqueConstraint("run_id", "key", name="uq_items_run_key"),
+        # paging by status and status counts of one run
+        Index("ix_items_run_status_idx", "run_id", "status", "idx"),
+        # the reaper's scan for items whose worker vanished
+        Index("ix_items_status_lease", "status", "lease_until"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    idx: Mapped[int] = mapped_column(Integer)
+    key: Mapped[str] = mapped_column(String(200))  # the client's item id
+    input: Mapped[Any | None] = mapped_column(JSON)
+    output: Mapped[Any | None] = mapped_column(JSON)
+    ground_truth: Mapped[str | None] = mapped_column(Text)
+    contexts: Mapped[list[str]] = mapped_column(JSON)  # resolved at submission
+    status: Mapped[str] = mapped_column(String(16), default=ItemStatus.PENDING)
+    score: Mapped[float | None] = mapped_column(Float)
+    claims_total: Mapped[int | None] = mapped_column(Integer)
+    claims_attributed: Mapped[int | None] = mapped_column(Integer)
+    reason: Mapped[str | None] = mapped_column(Text)
+    error: Mapped[str | None] = mapped_column(Text)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    llm_calls: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    cache_hits: Mapped[int] = mapped_column(Integer, default=0)
+    lease_until: Mapped[datetime | None]
+    started_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+
+class Claim(Base):
+    __tablename__ = "claims"
+    __table_args__ = (UniqueConstraint("item_id", "idx", name="uq_claims_item_idx"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    item_id: Mapped[int] = mapped_column(ForeignKey("items.id", ondelete="CASCADE"))
+    idx: Mapped[int] = mapped_column(Integer)
+    text: Mapped[str] = mapped_column(Text)
+    verdict: Mapped[str | None] = mapped_column(String(3))  # null until attributed
+    context_indices: Mapped[list[int] | None] = mapped_column(JSON)
+    reason: Mapped[str | None] = mapped_column(Text)
+
+
+class ClaimCache(Base):
+    """Claims extracted for a ground truth by a model and prompt version, reused across runs."""
+
+    __tablename__ = "claim_cache"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 hex
+    claims: Mapped[list[str]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -1,0 +1,174 @@
+"""Read models: a run with its counts, summary and usage; items with their claims, paged."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections import defaultdict
+from collections.abc import Iterator
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from recallq.models import Claim, Item, ItemStatus, Run
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def run_view(session: Session, run: Run) -> dict[str, Any]:
+    counts = dict.fromkeys(ItemStatus.ALL, 0)
+    for status, n in session.execute(
+        select(Item.status, func.count()).where(Item.run_id == run.id).group_by(Item.status)
+    ):
+        counts[status] = n
+    totals = session.execute(
+        select(
+            func.avg(Item.score).filter(Item.status == ItemStatus.SUCCEEDED),
+            func.count(Item.score).filter(Item.status == ItemStatus.SUCCEEDED),
+            func.coalesce(func.sum(Item.claims_total), 0),
+            func.coalesce(func.sum(Item.claims_attributed), 0),
+            func.coalesce(func.sum(Item.llm_calls), 0),
+            func.coalesce(func.sum(Item.prompt_tokens), 0),
+            func.coalesce(func.sum(Item.completion_tokens), 0),
+            func.coalesce(func.sum(Item.cost_usd), 0.0),
+            func.coalesce(func.sum(Item.cache_hits), 0),
+        ).where(Item.run_id == run.id)
+    ).one()
+    mean, scored, claims_total, claims_attributed, calls, prompt, completion, cost, hits = totals
+    return {
+        "id": run.id,
+        "name": run.name,
+        "status": run.status,
+        "model": run.model,
+        "scale": run.scale,
+        "created_at": _iso(run.created_at),
+        "started_at": _iso(run.started_at),
+        "finished_at": _iso(run.finished_at),
+        "counts": {
+            "total": run.total_items,
+            "pending": counts[ItemStatus.PENDING] + counts[ItemStatus.QUEUED],
+            "running": counts[ItemStatus.RUNNING],
+            "succeeded": counts[ItemStatus.SUCCEEDED],
+            "failed": counts[ItemStatus.FAILED],
+            "cancelled": counts[ItemStatus.CANCELLED],
+        },
+        "summary": {
+            "mean_score": round(float(mean), 4) if mean is not None else None,
+            "scored_items": int(scored),
+            "claims_total": int(claims_total),
+            "claims_attributed": int(claims_attributed),
+        },
+        "usage": {
+            "llm_calls": int(calls),
+            "prompt_tokens": int(prompt),
+            "completion_tokens": int(completion),
+            "cost_usd": round(float(cost), 6),
+            "claim_cache_hits": int(hits),
+        },
+    }
+
+
+def item_status_filter(status: str) -> tuple[str, ...]:
+    """The API's item statuses: `pending` covers stored and queued items."""
+    if status == ItemStatus.PENDING:
+        return (ItemStatus.PENDING, ItemStatus.QUEUED)
+    return (status,)
+
+
+def public_status(status: str) -> str:
+    return ItemStatus.PENDING if status == ItemStatus.QUEUED else status
+
+
+def item_view(item: Item, claims: list[Claim]) -> dict[str, Any]:
+    return {
+        "id": item.key,
+        "index": item.idx,
+        "status": public_status(item.status),
+        "score": item.score,
+        "reason": item.reason,
+        "error": item.error,
+        "attempts": item.attempts,
+        "claims_total": item.claims_total,
+        "claims_attributed": item.claims_attributed,
+        "claims": [
+            {
+                "index": c.idx,
+                "text": c.text,
+                "verdict": c.verdict,
+                "context_indices": c.context_indices or [],
+                "reason": c.reason,
+            }
+            for c in claims
+        ],
+    }
+
+
+def _claims_by_item(session: Session, item_ids: list[int]) -> dict[int, list[Claim]]:
+    grouped: dict[int, list[Claim]] = defaultdict(list)
+    if item_ids:
+        for claim in session.scalars(
+            select(Claim).where(Claim.item_id.in_(item_ids)).order_by(Claim.item_id, Claim.idx)
+        ):
+            grouped[claim.item_id].append(claim)
+    return grouped
+
+
+def items_page(
+    session: Session, run_id: str, status: str | None, limit: int, after_index: int | None
+) -> tuple[list[dict[str, Any]], int | None]:
+    query = select(Item).where(Item.run_id == run_id)
+    if status:
+        query = query.where(Item.status.in_(item_status_filter(status)))
+    if after_index is not None:
+        query = query.where(Item.idx > after_index)
+    items = list(session.scalars(query.order_by(Item.idx).limit(limit + 1)))
+    more = len(items) > limit
+    items = items[:limit]
+    claims = _claims_by_item(session, [i.id for i in items])
+    next_index = items[-1].idx if more else None
+    return [item_view(i, claims[i.id]) for i in items], next_index
+
+
+def get_item(session: Session, run_id: str, key: str) -> dict[str, Any] | None:
+    item = session.scalars(select(Item).where(Item.run_id == run_id, Item.key == key)).one_or_none()
+    if item is None:
+        return None
+    return item_view(item, _claims_by_item(session, [item.id])[item.id])
+
+
+def iter_results(session: Session, run_id: str, batch: int = 500) -> Iterator[dict[str, Any]]:
+    """Every item with its claims, in index order, read one batch at a time."""
+    after: int | None = None
+    while True:
+        page, after = items_page(session, run_id, None, batch, after)
+        yield from page
+        if after is None:
+            return
+
+
+CSV_COLUMNS = [
+    "id", "index", "status", "score", "claims_total", "claims_attributed", "attempts",
+    "reason", "error", "claims",
+]
+
+
+def jsonl_lines(results: Iterator[dict[str, Any]]) -> Iterator[str]:
+    for result in results:
+        yield json.dumps(result, ensure_ascii=False) + "\n"
+
+
+def csv_lines(results: Iterator[dict[str, Any]]) -> Iterator[str]:
+    """One row per item; the claims column holds them as JSON."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    for result in results:
+        writer.writerow({**result, "claims": json.dumps(result["claims"], ensure_ascii=False)})
+        yield buffer.getvalue()
+        buffer.seek(0)
+        buffer.truncate()
+    yield buffer.getvalue()

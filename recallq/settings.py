@@ -1,0 +1,41 @@
+"""The one settings reader: environment variables prefixed RECALLQ_."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_LOCAL_DATABASE_URL = "sqlite:///recallq.db"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="RECALLQ_", extra="ignore")
+
+    database_url: str = DEFAULT_LOCAL_DATABASE_URL
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    models_file: Path | None = None
+    default_model: str = "local/lexical"
+
+    # worker
+    worker_concurrency: int = 32
+    dispatch_window: int = 2000  # items of one run queued in the broker at once
+    max_attempts: int = 5  # judge calls per stage, transient failures included
+    retry_base_delay: float = 0.5
+    retry_max_delay: float = 30.0
+    request_timeout: float = 120.0
+    rate_limit_max_wait: float = 10.0  # longest a task blocks for limiter capacity
+    lease_seconds: float = 600.0  # a running item untouched this long is requeued by the reaper
+    reaper_interval: float = 30.0
+
+    # api
+    max_items_per_run: int = 200_000
+    max_body_bytes: int = 512 * 1024 * 1024
+    max_item_bytes: int = 1024 * 1024
+    insert_batch_size: int = 1000
+
+
+@lru_cache
+def get_settings() -> Settings:
+    return Settings()

@@ -1,0 +1,143 @@
+"""The litellm adapter: any provider in the models file, speaking judge protocol v1.
+
+The only retry loop for judge calls lives in worker.retry; litellm's and the OpenAI SDK's own
+retries are switched off here so attempts never multiply.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from recallq.model_registry import ModelConfig
+from worker.judge import protocol
+from worker.judge.base import JudgeReply, PermanentJudgeError, TransientJudgeError, Usage
+from worker.ratelimit import RateLimiter
+from worker.retry import RetryPolicy, call_with_retries
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+import litellm  # noqa: E402  (after the env var above: no network fetch of the price map)
+
+litellm.suppress_debug_info = True
+litellm.telemetry = False
+litellm.drop_params = True  # providers without json_schema get JSON mode or prompt-only
+
+_TRANSIENT = (
+    litellm.RateLimitError,
+    litellm.Timeout,
+    litellm.APIConnectionError,
+    litellm.InternalServerError,
+    litellm.ServiceUnavailableError,
+    litellm.BadGatewayError,
+)
+_PERMANENT = (
+    litellm.ContextWindowExceededError,
+    litellm.BadRequestError,
+    litellm.AuthenticationError,
+    litellm.PermissionDeniedError,
+    litellm.NotFoundError,
+    litellm.UnprocessableEntityError,
+)
+
+
+def _retry_after(exc: Exception) -> float | None:
+    response = getattr(exc, "response", None)
+    headers = getattr(response, "headers", None) or getattr(exc, "headers", None) or {}
+    try:
+        value = headers.get("retry-after") or headers.get("Retry-After")
+        return float(value) if value is not None else None
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
+def _estimate_tokens(messages: list[dict[str, str]]) -> int:
+    return sum(len(m["content"]) for m in messages) // 4 + 256
+
+
+class LLMJudge:
+    prompt_version = protocol.PROMPT_VERSION
+
+    def __init__(
+        self, config: ModelConfig, policy: RetryPolicy, limiter: RateLimiter, timeout: float
+    ) -> None:
+        self.name = config.name
+        self._params = config.resolved_params()
+        self._policy = policy
+        self._limiter = limiter
+        self._timeout = timeout
+        self._priced = self._params["model"] in litellm.model_cost or (
+            self._params["model"].split("/", 1)[-1] in litellm.model_cost
+        )
+
+    def extract_claims(self, ground_truth: str) -> JudgeReply:
+        return self._ask(protocol.EXTRACTION, protocol.extraction_messages(ground_truth))
+
+    def attribute(self, claims: list[str], contexts: list[str]) -> JudgeReply:
+        return self._ask(protocol.ATTRIBUTION, protocol.attribution_messages(claims, contexts))
+
+    def _ask(self, schema: str, messages: list[dict[str, str]]) -> JudgeReply:
+        """One call, plus one repair request when the answer is malformed."""
+        usage = Usage()
+        content, finish_reason = self._complete(schema, messages, usage)
+        try:
+            return JudgeReply(protocol.parse_answer(schema, content, finish_reason), usage)
+        except protocol.ProtocolError as first:
+            repair = [
+                *messages,
+                {"role": "assistant", "content": content or ""},
+                {"role": "user", "content": protocol.REPAIR_INSTRUCTION.format(problem=first)},
+            ]
+            content, finish_reason = self._complete(schema, repair, usage)
+            try:
+                return JudgeReply(protocol.parse_answer(schema, content, finish_reason), usage)
+            except protocol.ProtocolError as second:
+                raise PermanentJudgeError(
+                    f"{schema}: malformed answer after a repair request: {second}", usage=usage
+                ) from second
+
+    def _complete(
+        self, schema: str, messages: list[dict[str, str]], usage: Usage
+    ) -> tuple[str | None, str | None]:
+        estimate = _estimate_tokens(messages)
+
+        def attempt() -> Any:
+            self._limiter.acquire(self.name, estimate)
+            try:
+                return litellm.completion(
+                    **self._params,
+                    messages=messages,
+                    response_format=protocol.response_format(schema),
+                    temperature=0,
+                    timeout=self._timeout,
+                    num_retries=0,
+                    max_retries=0,
+                )
+            except _TRANSIENT as exc:
+                retry_after = _retry_after(exc)
+                if isinstance(exc, litellm.RateLimitError):
+                    self._limiter.penalise(self.name, retry_after)
+                raise TransientJudgeError(
+                    f"{type(exc).__name__}: {_clean(exc)}", retry_after
+                ) from exc
+            except _PERMANENT as exc:
+                raise PermanentJudgeError(f"{type(exc).__name__}: {_clean(exc)}") from exc
+
+        response = call_with_retries(attempt, self._policy, usage)
+        reported = getattr(response, "usage", None)
+        prompt = getattr(reported, "prompt_tokens", 0) or 0
+        completion = getattr(reported, "completion_tokens", 0) or 0
+        self._limiter.settle(self.name, estimate, prompt + completion)
+        usage.llm_calls += 1
+        usage.prompt_tokens += prompt
+        usage.completion_tokens += completion
+        if self._priced:
+            usage.cost_usd += float(response._hidden_params.get("response_cost") or 0.0)
+        choice = response.choices[0]
+        return choice.message.content, choice.finish_reason
+
+
+def _clean(exc: Exception) -> str:
+    """The provider's message without litellm's long hints; never includes keys."""
+    message = str(getattr(exc, "message", None) or exc)
+    return message.split("\n", 1)[0][:300]

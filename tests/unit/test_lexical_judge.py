@@ -92,12 +92,10 @@ def test_numbers_and_entities_are_kept_verbatim() -> None:
 # --- split_claims: clauses -----------------------------------------------------------
 
 
-def test_and_splits_two_independent_clauses() -> None:
-    text = "Einstein won the Nobel Prize in 1921 and moved to the United States in 1933."
-    assert split_claims(text) == [
-        "Einstein won the Nobel Prize in 1921",
-        "moved to the United States in 1933",
-    ]
+def test_bare_and_never_splits() -> None:
+    # "between home and the usual office" must stay one claim; only ", and" and ";" split
+    text = "Commuting miles between home and the usual office are excluded."
+    assert split_claims(text) == ["Commuting miles between home and the usual office are excluded"]
 
 
 def test_comma_and_splits_two_independent_clauses() -> None:

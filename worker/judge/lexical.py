@@ -24,7 +24,7 @@ SUPPORT_THRESHOLD = 0.6
 """Fraction of a claim's content words that one context must contain to support it."""
 
 MIN_CLAUSE_WORDS = 3
-"""Content words each side needs before a sentence is split at ", and" / " and"."""
+"""Content words each side needs before a sentence is split at ", and"."""
 
 MIN_SEMICOLON_CLAUSE_WORDS = 2
 """Content words each side needs before a sentence is split at "; "."""
@@ -50,7 +50,7 @@ ABBREVIATIONS = frozenset(_ABBREVIATION_TEXT.split())
 
 _BULLET = re.compile(r"^\s*(?:[-*\u2022]|\d{1,3}[.)])\s+")
 _SENTENCE_END = re.compile(r"[.!?]+[\"'\u201d\u2019)\]]*\s+")
-_CLAUSE_SEPARATOR = re.compile(r"\s*;\s+|,?\s+and\s+", re.IGNORECASE)
+_CLAUSE_SEPARATOR = re.compile(r"\s*;\s+|,\s+and\s+", re.IGNORECASE)
 _TRAILING_PUNCT = re.compile(r"[\s.,;:!?]+$")
 _DOTTED_ABBREVIATION = re.compile(r"(?:[^\W\d_]\.)+[^\W\d_]")  # e.g, i.e, u.s, a.m
 _POSSESSIVE = re.compile(r"['\u2019]s\b")
@@ -69,7 +69,7 @@ def split_claims(ground_truth: str) -> list[str]:
        "U.S.") or a single capital letter (an initial, "J."). Decimals such as 3.5 never
        split, since no whitespace follows their dot.
     3. A sentence is split into clauses at "; " when both sides have at least
-       ``MIN_SEMICOLON_CLAUSE_WORDS`` content words, and at ", and" / " and" when both
+       ``MIN_SEMICOLON_CLAUSE_WORDS`` content words, and at ", and" (never a bare " and") when both
        sides have at least ``MIN_CLAUSE_WORDS`` (so "Tom and Jerry ..." stays whole).
        Separators are tried left to right against the whole remainder of the sentence.
     4. Surrounding whitespace and trailing punctuation are stripped (an abbreviation keeps

@@ -1,0 +1,176 @@
+"""A run submitted through the API, scored by a real Celery worker calling the stub over HTTP
+through litellm, stored in Postgres."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from tests.services import Process, start_api, start_worker, wait_for_run
+
+ITEMS = [
+    {
+        "id": "full",
+        "input": "When was Einstein born and what did he win?",
+        "ground_truth": "Einstein was born in 1879. Einstein won the Nobel Prize.",
+        "context": ["Einstein was born in 1879 in Ulm.", "In 1921 Einstein won the Nobel Prize."],
+    },
+    {
+        "id": "partial",
+        "ground_truth": "Paris is the capital of France. Berlin is the capital of Germany. "
+        "Rome is the capital of Italy.",
+        "context": ["Paris is the capital of France.", "Rome is the capital of Italy."],
+    },
+    {"id": "no-ground-truth", "ground_truth": None, "context": ["Anything at all."]},
+    {"id": "no-context", "ground_truth": "Water boils at 100 degrees.", "context": []},
+    {
+        "id": "static-context",
+        "ground_truth": {"answer": "Mercury orbits closest"},
+    },
+]
+
+
+@pytest.fixture(scope="module")
+def services(service_env: dict[str, str]) -> Iterator[tuple[str, Process]]:
+    worker = start_worker(service_env)
+    api, url = start_api(service_env)
+    yield url, worker
+    api.stop()
+    worker.stop()
+
+
+def _calls_by_kind(clean_stub) -> Counter:  # type: ignore[no-untyped-def]
+    return Counter(call["schema"] for call in clean_stub.calls() if call["status"] == 200)
+
+
+def test_run_through_api_and_worker(services, clean_stub) -> None:  # type: ignore[no-untyped-def]
+    url, _ = services
+    body = {
+        "name": "smoke",
+        "model": "stub-judge",
+        "context": ["The answer is that Mercury orbits closest to the Sun."],
+        "items": ITEMS,
+    }
+    response = httpx.post(f"{url}/v1/runs", json=body, timeout=30)
+    assert response.status_code == 202, response.text
+    run = response.json()
+    assert run["status"] == "queued" and run["counts"]["total"] == 5
+
+    run = wait_for_run(url, run["id"])
+    assert run["status"] == "completed"
+    assert run["counts"] == {
+        "total": 5, "pending": 0, "running": 0, "succeeded": 5, "failed": 0, "cancelled": 0
+    }
+    items = {i["id"]: i for i in httpx.get(f"{url}/v1/runs/{run['id']}/items").json()["items"]}
+
+    full = items["full"]
+    assert full["score"] == 1.0 and full["claims_total"] == 2 and full["claims_attributed"] == 2
+    assert [(c["index"], c["verdict"], c["context_indices"]) for c in full["claims"]] == [
+        (0, "yes", [0]),
+        (1, "yes", [1]),
+    ]
+    assert full["reason"].startswith("The score is 1 because 2 of 2 claims are supported")
+
+    partial = items["partial"]
+    assert partial["score"] == 0.67
+    assert (partial["claims_total"], partial["claims_attributed"]) == (3, 2)
+    assert [c["verdict"] for c in partial["claims"]] == ["yes", "no", "yes"]
+    assert 'missing: "Berlin is the capital of Germany"' in partial["reason"]
+
+    no_gt = items["no-ground-truth"]
+    assert no_gt["score"] == 0 and no_gt["claims"] == [] and "no ground truth" in no_gt["reason"]
+
+    no_ctx = items["no-context"]
+    assert no_ctx["score"] == 0 and "no context was retrieved" in no_ctx["reason"]
+    assert [c["verdict"] for c in no_ctx["claims"]] == ["no"]
+
+    static = items["static-context"]  # JSON ground truth, judged against the run's context
+    assert static["claims_total"] == 1 and static["score"] == 1.0
+
+    # 2 calls per scorable item, 0 without ground truth, 1 with empty context
+    assert _calls_by_kind(clean_stub) == Counter({"claim_extraction": 4, "claim_attribution": 3})
+    extraction_data = [c["data"] for c in clean_stub.calls() if c["schema"] == "claim_extraction"]
+    assert {"ground_truth": '{"answer": "Mercury orbits closest"}'} in extraction_data
+    assert run["usage"]["llm_calls"] == 7
+    assert run["usage"]["prompt_tokens"] > 0 and run["usage"]["completion_tokens"] > 0
+    assert run["summary"] == {
+        "mean_score": round((1 + 0.67 + 0 + 0 + 1) / 5, 4),
+        "scored_items": 5,
+        "claims_total": 2 + 3 + 0 + 1 + 1,
+        "claims_attributed": 2 + 2 + 0 + 0 + 1,
+    }
+
+
+def test_protocol_v1_on_the_wire(services, clean_stub) -> None:  # type: ignore[no-untyped-def]
+    url, _ = services
+    item = {
+        "id": "wire",
+        "ground_truth": "Curie was born in Warsaw. Curie won two Nobel Prizes.",
+        "context": ["Curie was born in Warsaw in 1867.", "Curie won two Nobel Prizes."],
+    }
+    body = {"model": "stub-judge", "scale": 10, "items": [item]}
+    run = httpx.post(f"{url}/v1/runs", json=body).json()
+    run = wait_for_run(url, run["id"])
+    scored = httpx.get(f"{url}/v1/runs/{run['id']}/items/wire").json()
+    assert scored["score"] == 10.0
+
+    calls = clean_stub.calls()
+    assert [c["schema"] for c in calls] == ["claim_extraction", "claim_attribution"]
+    for call in calls:
+        assert call["model"] == "stub-judge"
+        fmt = call["response_format"]
+        assert fmt["type"] == "json_schema" and fmt["json_schema"]["strict"] is True
+        assert fmt["json_schema"]["name"] == call["schema"]
+        last_user = [m for m in call["messages"] if m["role"] == "user"][-1]["content"]
+        assert last_user.count("```json") == 1
+    assert calls[0]["data"] == {"ground_truth": item["ground_truth"]}
+    assert calls[1]["data"] == {
+        "claims": [
+            {"index": 0, "text": "Curie was born in Warsaw"},
+            {"index": 1, "text": "Curie won two Nobel Prizes"},
+        ],
+        "contexts": [{"index": i, "text": t} for i, t in enumerate(item["context"])],
+    }
+
+
+def test_agent_shaped_items_use_the_context_extractor(services, clean_stub) -> None:  # type: ignore[no-untyped-def]
+    url, _ = services
+    message = {
+        "id": "m1",
+        "role": "assistant",
+        "createdAt": "2026-11-01T10:00:00Z",
+        "content": {
+            "format": 2,
+            "parts": [
+                {
+                    "type": "tool-invocation",
+                    "toolInvocation": {
+                        "state": "result",
+                        "toolCallId": "c1",
+                        "toolName": "search",
+                        "args": {"q": "tea"},
+                        "result": [{"text": "Green tea contains caffeine."}],
+                    },
+                }
+            ],
+        },
+    }
+    body = {
+        "model": "stub-judge",
+        "context_extractor": {"type": "tool_results"},
+        "context": ["Static passages mention nothing relevant."],
+        "items": [
+            {"id": "agent", "input": {"inputMessages": []}, "output": [message],
+             "ground_truth": "Green tea contains caffeine."},
+            {"id": "plain", "input": "q", "ground_truth": "Green tea contains caffeine."},
+        ],
+    }
+    run = wait_for_run(url, httpx.post(f"{url}/v1/runs", json=body).json()["id"])
+    items = {i["id"]: i for i in httpx.get(f"{url}/v1/runs/{run['id']}/items").json()["items"]}
+    assert items["agent"]["score"] == 1.0  # judged against the tool result
+    assert items["plain"]["score"] == 0.0  # not agent-shaped: the static context
+    contexts = [c["data"]["contexts"] for c in clean_stub.calls() if c["schema"] == "claim_attribution"]
+    assert [{"index": 0, "text": "Green tea contains caffeine."}] in contexts

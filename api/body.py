@@ -27,7 +27,9 @@ async def read_body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def blocking_lines(stream: AsyncIterator[bytes], body_limit: int, line_limit: int) -> Iterator[bytes]:
+def blocking_lines(
+    stream: AsyncIterator[bytes], body_limit: int, line_limit: int
+) -> Iterator[bytes]:
     """Lines of an async byte stream, for a worker thread (pulls chunks through the event loop)."""
 
     async def next_chunk() -> bytes | None:

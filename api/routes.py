@@ -82,10 +82,14 @@ async def create_run(
     content_type = request.headers.get("content-type", "").split(";")[0].strip()
     if content_type == NDJSON:
         spec = ingest.build_spec(
-            model=model, known_models=known, name=name, scale=scale,
+            model=model,
+            known_models=known,
+            name=name,
+            scale=scale,
             context=_json_param("context", context),
             context_extractor=_json_param("context_extractor", context_extractor),
-            project=project, idempotency_key=idempotency_key,
+            project=project,
+            idempotency_key=idempotency_key,
         )
         lines = blocking_lines(request.stream(), settings.max_body_bytes, settings.max_item_bytes)
         items: Any = ingest.parse_ndjson_lines(lines)
@@ -99,12 +103,18 @@ async def create_run(
             raise ApiError(422, "invalid_request", 'body must be an object with an "items" list')
         unknown = set(payload) - {"name", "model", "scale", "context", "context_extractor", "items"}
         if unknown:
-            raise ApiError(422, "invalid_request", f"unknown field(s): {', '.join(sorted(unknown))}")
+            raise ApiError(
+                422, "invalid_request", f"unknown field(s): {', '.join(sorted(unknown))}"
+            )
         spec = ingest.build_spec(
-            model=payload.get("model"), known_models=known, name=payload.get("name"),
-            scale=payload.get("scale", 1), context=payload.get("context"),
+            model=payload.get("model"),
+            known_models=known,
+            name=payload.get("name"),
+            scale=payload.get("scale", 1),
+            context=payload.get("context"),
             context_extractor=payload.get("context_extractor"),
-            project=project, idempotency_key=idempotency_key,
+            project=project,
+            idempotency_key=idempotency_key,
         )
         items = payload["items"]
     else:
@@ -234,7 +244,7 @@ def readyz() -> JSONResponse:
     except Exception as exc:  # noqa: BLE001
         checks["redis"] = f"error: {type(exc).__name__}"
     ready = all(v == "ok" for v in checks.values())
-    return JSONResponse({"status": "ok" if ready else "unavailable", "checks": checks},
-                        status_code=200 if ready else 503)
-
-
+    return JSONResponse(
+        {"status": "ok" if ready else "unavailable", "checks": checks},
+        status_code=200 if ready else 503,
+    )

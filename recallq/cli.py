@@ -35,8 +35,9 @@ def cmd_run(args: argparse.Namespace) -> int:
 def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
-    uvicorn.run("api.app:app", host=args.host, port=args.port, workers=args.workers,
-                log_level="info")
+    uvicorn.run(
+        "api.app:app", host=args.host, port=args.port, workers=args.workers, log_level="info"
+    )
     return 0
 
 
@@ -46,8 +47,19 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     concurrency = args.concurrency or get_settings().worker_concurrency
     app.worker_main(
-        ["worker", "--pool", "threads", "--concurrency", str(concurrency), "--queues", QUEUE,
-         "--loglevel", args.loglevel, "--without-gossip", "--without-mingle"]
+        [
+            "worker",
+            "--pool",
+            "threads",
+            "--concurrency",
+            str(concurrency),
+            "--queues",
+            QUEUE,
+            "--loglevel",
+            args.loglevel,
+            "--without-gossip",
+            "--without-mingle",
+        ]
     )
     return 0
 
@@ -99,7 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     run = sub.add_parser("run", help="score a JSONL file locally (SQLite, in-process worker)")
     run.add_argument("file", type=Path)
-    run.add_argument("--model", help="judge model (default: RECALLQ_DEFAULT_MODEL or local/lexical)")
+    run.add_argument(
+        "--model", help="judge model (default: RECALLQ_DEFAULT_MODEL or local/lexical)"
+    )
     run.add_argument("--scale", type=float, default=1.0)
     run.add_argument("--out", type=Path, help="write per-item results with claims as JSONL")
     run.add_argument("--name")

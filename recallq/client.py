@@ -17,7 +17,9 @@ TERMINAL = ("completed", "cancelled", "failed")
 def _fail(response: httpx.Response) -> int:
     try:
         error = response.json()["error"]
-        print(f"recallq: {response.status_code} {error['code']}: {error['message']}", file=sys.stderr)
+        print(
+            f"recallq: {response.status_code} {error['code']}: {error['message']}", file=sys.stderr
+        )
     except (ValueError, KeyError, TypeError):
         print(f"recallq: HTTP {response.status_code}: {response.text[:300]}", file=sys.stderr)
     return 1
@@ -58,7 +60,9 @@ def _wait(api: str, run_id: str) -> int:
         counts = run["counts"]
         print(
             f"\r{run['status']}: {counts['succeeded']} scored, {counts['failed']} failed, "
-            f"{counts['pending'] + counts['running']} to go", end="", file=sys.stderr,
+            f"{counts['pending'] + counts['running']} to go",
+            end="",
+            file=sys.stderr,
         )
         if run["status"] in TERMINAL:
             print(file=sys.stderr)

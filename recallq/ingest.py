@@ -181,9 +181,13 @@ def parse_ndjson_lines(lines: Iterable[bytes | str], start_line: int = 1) -> Ite
             continue
         if len(line) > max_bytes:
             raise SubmissionError(
-                f"line {number}: item larger than {max_bytes} bytes", code="item_too_large", status=413
+                f"line {number}: item larger than {max_bytes} bytes",
+                code="item_too_large",
+                status=413,
             )
         try:
             yield json.loads(line)
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise SubmissionError(f"line {number}: invalid JSON: {exc}", code="invalid_json") from exc
+            raise SubmissionError(
+                f"line {number}: invalid JSON: {exc}", code="invalid_json"
+            ) from exc

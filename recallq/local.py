@@ -56,8 +56,12 @@ def process(run_id: str, concurrency: int, progress: bool = True) -> dict[str, A
     view = run_view(run_id)
     bar = tqdm(total=view["counts"]["total"], unit="item", disable=not progress, file=sys.stderr)
     with start_worker(
-        app, pool="threads", concurrency=concurrency, perform_ping_check=False,
-        loglevel="WARNING", shutdown_timeout=60,
+        app,
+        pool="threads",
+        concurrency=concurrency,
+        perform_ping_check=False,
+        loglevel="WARNING",
+        shutdown_timeout=60,
     ):
         tasks.dispatch.delay(run_id)
         while True:

@@ -8,7 +8,6 @@ from alembic import command
 from alembic.config import Config
 
 
-
 def alembic_config(url: str | None = None) -> Config:
     import migrations
 

@@ -151,8 +151,16 @@ def iter_results(session: Session, run_id: str, batch: int = 500) -> Iterator[di
 
 
 CSV_COLUMNS = [
-    "id", "index", "status", "score", "claims_total", "claims_attributed", "attempts",
-    "reason", "error", "claims",
+    "id",
+    "index",
+    "status",
+    "score",
+    "claims_total",
+    "claims_attributed",
+    "attempts",
+    "reason",
+    "error",
+    "claims",
 ]
 
 

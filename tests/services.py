@@ -76,7 +76,10 @@ class Process:
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "recallq.cli", *args],
-            env=env, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT,
+            env=env,
+            cwd=REPO,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
             start_new_session=True,
         )
 

@@ -188,7 +188,11 @@ def attribute(item_id: int) -> None:
         if not claims:
             return  # extraction ended the item or has not happened; nothing to attribute
         texts = [c.text for c in claims]
-        contexts, model, scale = list(item.contexts), _run_model(session, item), _scale(session, item)
+        contexts, model, scale = (
+            list(item.contexts),
+            _run_model(session, item),
+            _scale(session, item),
+        )
         if not contexts:
             verdicts = scoring.no_context_verdicts(len(texts))
             _write_verdicts(session, claims, verdicts)
@@ -213,8 +217,11 @@ def attribute(item_id: int) -> None:
             return
         _add_usage(item, usage)
         if missing:
-            _fail(session, item, "no verdict for claims " + ", ".join(map(str, missing))
-                  + " after asking twice")
+            _fail(
+                session,
+                item,
+                "no verdict for claims " + ", ".join(map(str, missing)) + " after asking twice",
+            )
             return
         claims = _claim_texts(session, item_id)
         _write_verdicts(session, claims, verdicts)
@@ -222,12 +229,18 @@ def attribute(item_id: int) -> None:
 
 
 def _ask_verdicts(
-    judge, texts: list[str], contexts: list[str], indices: list[int], usage: Usage  # type: ignore[no-untyped-def]
+    judge,
+    texts: list[str],
+    contexts: list[str],
+    indices: list[int],
+    usage: Usage,  # type: ignore[no-untyped-def]
 ) -> tuple[dict[int, scoring.Verdict], list[int]]:
     """Ask for verdicts on a subset of claims; return them keyed by the claims' own indices."""
     reply = judge.attribute([texts[i] for i in indices], contexts)
     usage += reply.usage
-    matched, missing = scoring.match_verdicts(reply.data.get("verdicts"), len(indices), len(contexts))
+    matched, missing = scoring.match_verdicts(
+        reply.data.get("verdicts"), len(indices), len(contexts)
+    )
     return (
         {indices[j]: _reindex(v, indices[j]) for j, v in matched.items()},
         [indices[j] for j in missing],

@@ -62,7 +62,12 @@ def test_run_through_api_and_worker(services, clean_stub) -> None:  # type: igno
     run = wait_for_run(url, run["id"])
     assert run["status"] == "completed"
     assert run["counts"] == {
-        "total": 5, "pending": 0, "running": 0, "succeeded": 5, "failed": 0, "cancelled": 0
+        "total": 5,
+        "pending": 0,
+        "running": 0,
+        "succeeded": 5,
+        "failed": 0,
+        "cancelled": 0,
     }
     items = {i["id"]: i for i in httpx.get(f"{url}/v1/runs/{run['id']}/items").json()["items"]}
 
@@ -163,8 +168,12 @@ def test_agent_shaped_items_use_the_context_extractor(services, clean_stub) -> N
         "context_extractor": {"type": "tool_results"},
         "context": ["Static passages mention nothing relevant."],
         "items": [
-            {"id": "agent", "input": {"inputMessages": []}, "output": [message],
-             "ground_truth": "Green tea contains caffeine."},
+            {
+                "id": "agent",
+                "input": {"inputMessages": []},
+                "output": [message],
+                "ground_truth": "Green tea contains caffeine.",
+            },
             {"id": "plain", "input": "q", "ground_truth": "Green tea contains caffeine."},
         ],
     }
@@ -172,5 +181,7 @@ def test_agent_shaped_items_use_the_context_extractor(services, clean_stub) -> N
     items = {i["id"]: i for i in httpx.get(f"{url}/v1/runs/{run['id']}/items").json()["items"]}
     assert items["agent"]["score"] == 1.0  # judged against the tool result
     assert items["plain"]["score"] == 0.0  # not agent-shaped: the static context
-    contexts = [c["data"]["contexts"] for c in clean_stub.calls() if c["schema"] == "claim_attribution"]
+    contexts = [
+        c["data"]["contexts"] for c in clean_stub.calls() if c["schema"] == "claim_attribution"
+    ]
     assert [{"index": 0, "text": "Green tea contains caffeine."}] in contexts

@@ -163,7 +163,9 @@ def test_attribution_schema_is_strict_verdict_list() -> None:
 
 # --- parse_answer --------------------------------------------------------------------------
 
-VERDICTS = {"verdicts": [{"claim_index": 0, "verdict": "yes", "context_indices": [0], "reason": "r"}]}
+VERDICTS = {
+    "verdicts": [{"claim_index": 0, "verdict": "yes", "context_indices": [0], "reason": "r"}]
+}
 
 
 def test_parse_valid_extraction() -> None:
@@ -272,9 +274,7 @@ def test_parse_wrong_shape_raises(schema_name: str, content: str, key: str) -> N
     assert content in message
 
 
-@pytest.mark.parametrize(
-    "content", ['{"claims": ["a"]}', '{"claims": [', "", None], ids=repr
-)
+@pytest.mark.parametrize("content", ['{"claims": ["a"]}', '{"claims": [', "", None], ids=repr)
 def test_parse_cut_off_answer_raises(content) -> None:
     with pytest.raises(ProtocolError, match="cut off"):
         parse_answer(EXTRACTION, content, "length")
@@ -300,4 +300,3 @@ def test_parse_cleans_claims_of_blanks_and_non_strings() -> None:
 
 def test_parse_claims_can_end_up_empty() -> None:
     assert parse_answer(EXTRACTION, '{"claims": ["", " ", 1]}', "stop") == {"claims": []}
-

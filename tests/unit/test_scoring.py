@@ -266,9 +266,7 @@ def test_unreadable_first_verdict_does_not_block_a_later_readable_one() -> None:
     assert missing == []
 
 
-@pytest.mark.parametrize(
-    "index", [True, False, "0", "1", 0.0, 1.0, None, [0], {"i": 0}], ids=repr
-)
+@pytest.mark.parametrize("index", [True, False, "0", "1", 0.0, 1.0, None, [0], {"i": 0}], ids=repr)
 def test_non_int_claim_index_is_ignored(index) -> None:
     matched, missing = match_verdicts([raw(index)], 2, 1)
     assert matched == {}

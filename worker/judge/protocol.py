@@ -104,9 +104,7 @@ def attribution_messages(claims: list[str], contexts: list[str]) -> list[dict[st
         {"role": "system", "content": ATTRIBUTION_SYSTEM},
         {
             "role": "user",
-            "content": data_message(
-                "Judge every claim against the contexts.", data
-            ),
+            "content": data_message("Judge every claim against the contexts.", data),
         },
     ]
 
@@ -121,7 +119,9 @@ def response_format(schema_name: str) -> dict[str, Any]:
 _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
 
 
-def parse_answer(schema_name: str, content: str | None, finish_reason: str | None) -> dict[str, Any]:
+def parse_answer(
+    schema_name: str, content: str | None, finish_reason: str | None
+) -> dict[str, Any]:
     """The model's JSON answer, checked for the schema's top-level shape."""
     if finish_reason == "length":
         raise ProtocolError("the answer was cut off (finish_reason=length)")
@@ -134,7 +134,9 @@ def parse_answer(schema_name: str, content: str | None, finish_reason: str | Non
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ProtocolError(f"invalid JSON ({exc.msg} at char {exc.pos}): {_clip(content)}") from exc
+        raise ProtocolError(
+            f"invalid JSON ({exc.msg} at char {exc.pos}): {_clip(content)}"
+        ) from exc
     key = "claims" if schema_name == EXTRACTION else "verdicts"
     if not isinstance(data, dict) or not isinstance(data.get(key), list):
         raise ProtocolError(f'expected an object with a "{key}" list, got: {_clip(content)}')

@@ -1,0 +1,77 @@
+"""`recallq run` as a newcomer runs it: a subprocess, SQLite, the in-process worker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+from tests.integration.test_pipeline import ITEMS
+from tests.services import REPO, write_models_file
+
+
+def recallq_run(args: list[str], cwd: Path, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+    env = {k: v for k, v in (env or os.environ).items() if not k.startswith("RECALLQ_")} | {
+        k: v for k, v in (env or {}).items() if k.startswith("RECALLQ_")
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "recallq.cli", "run", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_example_runs_offline_with_a_summary(tmp_path: Path) -> None:
+    out = tmp_path / "results.jsonl"
+    done = recallq_run([str(REPO / "examples" / "eval_set.jsonl"), "--out", str(out)], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "recallq summary" in done.stdout
+    assert "score distribution" in done.stdout
+    assert (tmp_path / "recallq.db").exists()  # the default SQLite file, in the working dir
+    results = [json.loads(line) for line in out.read_text().splitlines()]
+    assert len(results) == 24
+    assert all(r["status"] == "succeeded" for r in results)
+    by_id = {r["id"]: r for r in results}
+    assert "no ground truth" in by_id["api-refund-window-null-gt"]["reason"]
+    assert by_id["medical-amoxicillin-no-context"]["score"] == 0
+    assert all(c["verdict"] == "no" for c in by_id["medical-amoxicillin-no-context"]["claims"])
+    assert any(0 < r["score"] < 1 for r in results)
+
+
+def test_same_scenarios_through_the_stub_on_sqlite(tmp_path: Path, clean_stub) -> None:  # type: ignore[no-untyped-def]
+    data = tmp_path / "items.jsonl"
+    items = [dict(item) for item in ITEMS[:4]]
+    data.write_text("".join(json.dumps(i) + "\n" for i in items))
+    env = {
+        **os.environ,
+        "RECALLQ_DATABASE_URL": f"sqlite:///{tmp_path / 'local.db'}",
+        "RECALLQ_MODELS_FILE": str(write_models_file(tmp_path, clean_stub.base_url)),
+        "STUB_API_KEY": "sk-stub-secret",
+    }
+    out = tmp_path / "out.jsonl"
+    done = recallq_run([str(data), "--model", "stub-judge", "--out", str(out)], tmp_path, env)
+    assert done.returncode == 0, done.stderr
+    results = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert results["full"]["score"] == 1.0
+    assert results["partial"]["score"] == 0.67
+    assert [c["verdict"] for c in results["partial"]["claims"]] == ["yes", "no", "yes"]
+    assert results["no-ground-truth"]["score"] == 0 and results["no-ground-truth"]["claims"] == []
+    assert "no context was retrieved" in results["no-context"]["reason"]
+    calls = Counter(c["schema"] for c in clean_stub.calls())
+    assert calls == Counter({"claim_extraction": 3, "claim_attribution": 2})
+    assert "llm calls         5" in done.stdout
+
+
+def test_bad_file_is_a_clear_error(tmp_path: Path) -> None:
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"id": "a", "ground_truth": "x", "context": ["x"]}\n{not json\n')
+    done = recallq_run([str(data)], tmp_path)
+    assert done.returncode == 2
+    assert "line 2: invalid JSON" in done.stderr
+    assert "Traceback" not in done.stderr

@@ -40,9 +40,13 @@ def ground_truth_text(value: Any) -> str | None:
 def validate_scale(scale: Any) -> float:
     if isinstance(scale, bool) or not isinstance(scale, int | float):
         raise ValueError("scale must be a number")
-    if not math.isfinite(scale) or scale <= 0:
+    try:
+        value = float(scale)
+    except OverflowError as exc:
+        raise ValueError("scale is too large") from exc
+    if not math.isfinite(value) or value <= 0:
         raise ValueError("scale must be a finite number greater than 0")
-    return float(scale)
+    return value
 
 
 def normalise_verdict(value: Any) -> str | None:
@@ -93,6 +97,11 @@ def recall_score(attributed: int, total: int, scale: float) -> float:
     return round(min(attributed, total) / total * scale, 2)
 
 
+def format_score(score: float) -> str:
+    """As reported: two decimals, without trailing zeros (1, 0.5, 0.67)."""
+    return f"{score:.2f}".rstrip("0").rstrip(".")
+
+
 def _quote(text: str, limit: int = 80) -> str:
     text = " ".join(text.split())
     return f'"{text if len(text) <= limit else text[: limit - 1] + "…"}"'
@@ -104,7 +113,7 @@ def score_claims(claims: list[str], verdicts: dict[int, Verdict], scale: float) 
     missing = [i for i in range(len(claims)) if verdicts[i].verdict != "yes"]
     score = recall_score(len(supported), len(claims), scale)
     parts = [
-        f"The score is {score:g} because {len(supported)} of {len(claims)} claims "
+        f"The score is {format_score(score)} because {len(supported)} of {len(claims)} claims "
         "are supported by the context"
     ]
     if supported:

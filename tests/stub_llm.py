@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import dataclasses
 import hashlib
 import itertools
@@ -630,10 +631,8 @@ async def serve(app: Any, host: str, port: int) -> None:
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     app = create_app(config_from_args(args))
-    try:
+    with contextlib.suppress(KeyboardInterrupt):  # Ctrl-C: uvicorn already shut down cleanly
         asyncio.run(serve(app, args.host, args.port))
-    except KeyboardInterrupt:  # Ctrl-C: uvicorn already shut down gracefully
-        pass
 
 
 # --------------------------------------------------------------------------- test helper

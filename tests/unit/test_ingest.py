@@ -111,12 +111,6 @@ def test_build_spec_bad_scale(scale) -> None:
     assert "scale" in info.value.message
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG recallq/scoring.py:43 via recallq/ingest.py:63: validate_scale raises "
-    "OverflowError for a huge integer scale, build_spec only converts ValueError, so "
-    'POST /v1/runs with "scale": 1 followed by 400 zeros is a 500 instead of a 422',
-)
 def test_build_spec_huge_integer_scale_is_a_422() -> None:
     with pytest.raises(SubmissionError) as info:
         spec(scale=10**400)

@@ -118,11 +118,6 @@ def test_validate_scale_rejects(scale) -> None:
         validate_scale(scale)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG recallq/scoring.py:43: math.isfinite(10**400) raises OverflowError (not a "
-    "ValueError), so a huge integer scale escapes validation as an unexpected exception",
-)
 def test_validate_scale_rejects_huge_integer_with_value_error() -> None:
     with pytest.raises(ValueError):
         validate_scale(10**400)
@@ -435,11 +430,6 @@ def test_reason_states_the_reported_score() -> None:
         assert outcome.reason.startswith(f"The score is {outcome.score:g} because 2 of 3 claims")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG recallq/scoring.py:107: the reason formats the score with {score:g} (6 significant "
-    "digits), so with scale=100000 the score 66666.67 is stated as 66666.7",
-)
 def test_reason_states_the_two_decimal_score_for_large_scales() -> None:
     outcome = score_claims(CLAIMS, verdicts_for(("yes", [0]), ("yes", [1]), ("no", [])), 100000.0)
     assert outcome.score == 66666.67

@@ -50,7 +50,9 @@ def process(run_id: str, concurrency: int, progress: bool = True) -> dict[str, A
 
     from worker import tasks
     from worker.celery_app import app
+    from worker.judges import use_local_mode
 
+    use_local_mode()
     app.conf.broker_url = "memory://"
     app.conf.broker_transport_options = {"polling_interval": 0.01}
     view = run_view(run_id)

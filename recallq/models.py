@@ -27,6 +27,11 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+def as_utc(value: datetime) -> datetime:
+    """SQLite hands back naive datetimes (stored as UTC); Postgres aware ones."""
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
 class Base(DeclarativeBase):
     type_annotation_map = {datetime: DateTime(timezone=True), dict[str, Any]: JSON}
 
@@ -102,6 +107,7 @@ class Item(Base):
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
     cache_hits: Mapped[int] = mapped_column(Integer, default=0)
     lease_until: Mapped[datetime | None]
+    owner: Mapped[str | None] = mapped_column(String(120))  # worker id + token while running
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
 

@@ -1,11 +1,14 @@
 """The stages of one item, each idempotent: redelivery or a second copy never duplicates work.
 
-    dispatch(run)  -> release a window of pending items to the broker
-    extract(item)  -> claims (judge call 1, or the claim cache)
-    attribute(item)-> verdicts, score, reason (judge call 2); the run ends with its last item
+    dispatch(run)       -> release a window of pending items to the broker
+    take(item)          -> own the item (a fresh owner token), or learn there is nothing to do
+    extract(item)       -> claims (judge call 1, or the claim cache)
+    attribute(item)     -> verdicts, score, reason (judge call 2)
+    after_item(item)    -> refill the window; the run completes with its last item
 
-State lives in the database. Every write is guarded by the item's status, taken under a row
-lock, so the loser of a race between two copies of a stage writes nothing.
+State lives in the database. Every write happens under the item's row lock and only while the
+item is still running under the writer's owner token, so a stale or duplicate copy of a stage
+writes nothing: no second set of claims, no usage counted twice.
 """
 
 from __future__ import annotations
@@ -14,7 +17,8 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from datetime import timedelta
+from dataclasses import dataclass
+from datetime import datetime, timedelta
 
 from sqlalchemy import and_, exists, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
@@ -23,14 +27,20 @@ from sqlalchemy.orm import Session
 
 from recallq import scoring
 from recallq.db import session_scope
-from recallq.models import Claim, ClaimCache, Item, ItemStatus, Run, RunStatus, utcnow
+from recallq.models import Claim, ClaimCache, Item, ItemStatus, Run, RunStatus, as_utc, utcnow
 from recallq.settings import get_settings
-from worker.judge.base import JudgeError, PermanentJudgeError, RateLimited, Usage
+from worker.gate import current_run
+from worker.judge.base import Judge, JudgeError, RateLimited, Usage
 from worker.judges import get_judge
+from worker.liveness import new_owner_token
 
 log = logging.getLogger(__name__)
 
 Enqueue = Callable[[list[int]], None]
+
+
+def lease_from_now(seconds: float | None = None) -> datetime:
+    return utcnow() + timedelta(seconds=seconds or get_settings().lease_seconds)
 
 
 # --- dispatch ---------------------------------------------------------------------------------
@@ -53,13 +63,13 @@ def release_items(session: Session, run_id: str, limit: int) -> list[int]:
         session.execute(
             update(Item)
             .where(Item.id.in_(ids))
-            .values(status=ItemStatus.QUEUED, lease_until=_lease())
+            .values(status=ItemStatus.QUEUED, lease_until=lease_from_now())
         )
     return ids
 
 
 def dispatch(run_id: str, enqueue: Enqueue) -> int:
-    """Start a run: fill its window of queued items. Safe to call again at any time."""
+    """Start a run, or top up its window of queued items. Safe to call again at any time."""
     window = get_settings().dispatch_window
     with session_scope() as session:
         run = session.get(Run, run_id, with_for_update=True)
@@ -79,10 +89,6 @@ def dispatch(run_id: str, enqueue: Enqueue) -> int:
     return len(ids)
 
 
-def _lease(seconds: float | None = None) -> object:
-    return utcnow() + timedelta(seconds=seconds or get_settings().lease_seconds)
-
-
 # --- claim cache ------------------------------------------------------------------------------
 
 
@@ -91,20 +97,181 @@ def cache_key(ground_truth: str, model: str, prompt_version: str) -> str:
     return hashlib.sha256(payload.encode()).hexdigest()
 
 
-def _upsert_ignore(session: Session, table, rows: list[dict]) -> None:  # type: ignore[no-untyped-def]
-    if not rows:
-        return
-    dialect = session.get_bind().dialect.name
-    insert = pg_insert if dialect == "postgresql" else sqlite_insert
+def _insert_ignoring_conflicts(session: Session, table: type, rows: list[dict]) -> None:
+    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
     session.execute(insert(table).on_conflict_do_nothing(), rows)
 
 
-# --- item stages ------------------------------------------------------------------------------
+# --- taking an item ---------------------------------------------------------------------------
 
 
-def _lock_running(session: Session, item_id: int) -> Item | None:
+@dataclass(frozen=True)
+class Taken:
+    owner: str
+    run_id: str
+    model: str
+    ground_truth: str | None  # None when claims exist already (a retry reuses them)
+
+
+def take(item_id: int, holder_alive: Callable[[str], bool]) -> Taken | None:
+    """Own an item for this pass through the chain, or None when there is nothing to do:
+    it ended, its run was cancelled, or a live worker holds it under an unexpired lease."""
+    with session_scope() as session:
+        item = session.get(Item, item_id, with_for_update=True)
+        if item is None or item.status in ItemStatus.ENDED:
+            return None
+        run = session.get(Run, item.run_id)
+        assert run is not None
+        if run.status == RunStatus.CANCELLED:
+            item.status, item.finished_at = ItemStatus.CANCELLED, utcnow()
+            return None
+        held = item.status == ItemStatus.RUNNING and item.owner and item.lease_until is not None
+        if held and as_utc(item.lease_until) > utcnow() and holder_alive(item.owner):
+            return None  # a duplicate message: the holder is on it
+        owner = new_owner_token()
+        item.status, item.owner, item.lease_until = ItemStatus.RUNNING, owner, lease_from_now()
+        item.started_at = item.started_at or utcnow()
+        item.attempts += 1
+        if item.ground_truth is None:
+            _finish(item, scoring.no_ground_truth())
+            return None
+        has_claims = session.scalar(select(exists().where(Claim.item_id == item_id)))
+        return Taken(owner, item.run_id, run.model, None if has_claims else item.ground_truth)
+
+
+def _lock_owned(session: Session, item_id: int, owner: str) -> Item | None:
     item = session.get(Item, item_id, with_for_update=True)
-    return item if item is not None and item.status == ItemStatus.RUNNING else None
+    if item is None or item.status != ItemStatus.RUNNING or item.owner != owner:
+        return None
+    return item
+
+
+# --- stages -----------------------------------------------------------------------------------
+
+
+def extract(item_id: int, taken: Taken) -> bool:
+    """Claims for the item; True when attribution should follow."""
+    if taken.ground_truth is None:
+        return True  # extracted on an earlier pass
+    judge = _judge(item_id, taken)
+    if judge is None:
+        return False
+    key = cache_key(taken.ground_truth, taken.model, judge.prompt_version)
+    with session_scope() as session:
+        cached = session.get(ClaimCache, key)
+    usage, hits = Usage(), 0
+    if cached is not None:
+        claims, hits = list(cached.claims), 1
+    else:
+        try:
+            reply = _with_run(taken, lambda: judge.extract_claims(taken.ground_truth or ""))
+        except JudgeError as exc:
+            _settle_error(item_id, taken, exc, exc.usage)
+            return False
+        claims, usage = reply.data["claims"], reply.usage
+    with session_scope() as session:
+        item = _lock_owned(session, item_id, taken.owner)
+        if item is None:
+            return False  # cancelled meanwhile, or another copy took the item over
+        _add_usage(item, usage, hits)
+        if cached is None and claims:
+            _insert_ignoring_conflicts(session, ClaimCache, [{"key": key, "claims": claims}])
+        if not claims:
+            _finish(item, scoring.no_claims())
+            return False
+        rows = [{"item_id": item_id, "idx": i, "text": text} for i, text in enumerate(claims)]
+        _insert_ignoring_conflicts(session, Claim, rows)
+        item.lease_until = lease_from_now()
+    return True
+
+
+def attribute(item_id: int, taken: Taken) -> None:
+    with session_scope() as session:
+        item = _lock_owned(session, item_id, taken.owner)
+        if item is None:
+            return
+        claims = _claims(session, item_id)
+        texts, contexts = [c.text for c in claims], list(item.contexts)
+        scale = session.scalars(select(Run.scale).where(Run.id == item.run_id)).one()
+        if not contexts:
+            _write_verdicts(claims, scoring.no_context_verdicts(len(texts)))
+            _finish(item, scoring.no_context(texts))
+            return
+    judge = _judge(item_id, taken)
+    if judge is None:
+        return
+    usage = Usage()
+    try:
+        verdicts, missing = _ask_verdicts(judge, taken, texts, contexts, range(len(texts)), usage)
+        if missing:  # asked again once, for the claims left without a verdict
+            again, missing = _ask_verdicts(judge, taken, texts, contexts, missing, usage)
+            verdicts.update(again)
+    except JudgeError as exc:
+        usage += exc.usage
+        _settle_error(item_id, taken, exc, usage)
+        return
+    with session_scope() as session:
+        item = _lock_owned(session, item_id, taken.owner)
+        if item is None:
+            return
+        _add_usage(item, usage)
+        if missing:
+            names = ", ".join(str(i) for i in missing)
+            _fail(item, f"the judge gave no verdict for claim(s) {names}, asked twice")
+            return
+        _write_verdicts(_claims(session, item_id), verdicts)
+        _finish(item, scoring.score_claims(texts, verdicts, scale))
+
+
+def _ask_verdicts(
+    judge: Judge,
+    taken: Taken,
+    texts: list[str],
+    contexts: list[str],
+    indices: range | list[int],
+    usage: Usage,
+) -> tuple[dict[int, scoring.Verdict], list[int]]:
+    """Verdicts for a subset of claims, keyed by the claims' own indices, and those missing."""
+    indices = list(indices)
+    reply = _with_run(taken, lambda: judge.attribute([texts[i] for i in indices], contexts))
+    usage += reply.usage
+    matched, missing = scoring.match_verdicts(
+        reply.data.get("verdicts"), len(indices), len(contexts)
+    )
+    verdicts = {
+        indices[j]: scoring.Verdict(indices[j], v.verdict, v.context_indices, v.reason)
+        for j, v in matched.items()
+    }
+    return verdicts, [indices[j] for j in missing]
+
+
+def _with_run(taken: Taken, call: Callable):  # type: ignore[type-arg,no-untyped-def]
+    """Run a judge call with the item's run as context (the cancel gate reads it)."""
+    token = current_run.set(taken.run_id)
+    try:
+        return call()
+    finally:
+        current_run.reset(token)
+
+
+def _judge(item_id: int, taken: Taken) -> Judge | None:
+    try:
+        return get_judge(taken.model)
+    except JudgeError as exc:
+        _settle_error(item_id, taken, exc, exc.usage)
+        return None
+
+
+def _claims(session: Session, item_id: int) -> list[Claim]:
+    return list(session.scalars(select(Claim).where(Claim.item_id == item_id).order_by(Claim.idx)))
+
+
+def _write_verdicts(claims: list[Claim], verdicts: dict[int, scoring.Verdict]) -> None:
+    for claim in claims:
+        verdict = verdicts[claim.idx]
+        claim.verdict = verdict.verdict
+        claim.context_indices = verdict.context_indices
+        claim.reason = verdict.reason
 
 
 def _add_usage(item: Item, usage: Usage, cache_hits: int = 0) -> None:
@@ -115,201 +282,38 @@ def _add_usage(item: Item, usage: Usage, cache_hits: int = 0) -> None:
     item.cache_hits += cache_hits
 
 
-def _claim_texts(session: Session, item_id: int) -> list[Claim]:
-    return list(session.scalars(select(Claim).where(Claim.item_id == item_id).order_by(Claim.idx)))
-
-
-def start(item_id: int) -> tuple[str, str, str | None] | None:
-    """Take an item for work. Returns (run_id, model, ground_truth) or None when there is
-    nothing to do (ended, cancelled, or already extracted)."""
+def _settle_error(item_id: int, taken: Taken, exc: JudgeError, usage: Usage) -> None:
+    """A judge error fails the item, or, when the rate limit has no room soon, puts it back
+    in the queue for the reaper to send again once capacity is expected."""
     with session_scope() as session:
-        item = session.get(Item, item_id, with_for_update=True)
-        if item is None or item.status in ItemStatus.ENDED:
-            return None
-        run = session.get(Run, item.run_id)
-        assert run is not None
-        if run.status == RunStatus.CANCELLED:
-            item.status, item.finished_at = ItemStatus.CANCELLED, utcnow()
-            return None
-        if item.status != ItemStatus.RUNNING:
-            item.started_at = item.started_at or utcnow()
-        item.status, item.lease_until = ItemStatus.RUNNING, _lease()
-        item.attempts += 1
-        has_claims = session.scalar(select(exists().where(Claim.item_id == item_id)))
-        if has_claims:
-            return None
-        if item.ground_truth is None:
-            _finish(session, item, scoring.no_ground_truth())
-            return None
-        return item.run_id, run.model, item.ground_truth
-
-
-def extract(item_id: int) -> None:
-    taken = start(item_id)
-    if taken is None:
-        return
-    run_id, model, ground_truth = taken
-    judge = get_judge_or_fail(item_id, model)
-    if judge is None:
-        return
-    key = cache_key(ground_truth, model, judge.prompt_version)
-    with session_scope() as session:
-        cached = session.get(ClaimCache, key)
-    usage, hits = Usage(), 0
-    if cached is not None:
-        claims, hits = list(cached.claims), 1
-    else:
-        try:
-            reply = judge.extract_claims(ground_truth)
-        except JudgeError as exc:
-            _settle_error(item_id, exc)
-            return
-        claims, usage = reply.data["claims"], reply.usage
-    with session_scope() as session:
-        item = _lock_running(session, item_id)
-        if item is None or session.scalar(select(exists().where(Claim.item_id == item_id))):
-            return  # cancelled meanwhile, or another copy of this stage got here first
-        _add_usage(item, usage, hits)
-        if cached is None and claims:
-            _upsert_ignore(session, ClaimCache, [{"key": key, "claims": claims}])
-        if not claims:
-            _finish(session, item, scoring.no_claims())
-            return
-        session.add_all(Claim(item_id=item_id, idx=i, text=text) for i, text in enumerate(claims))
-        item.lease_until = _lease()
-
-
-def attribute(item_id: int) -> None:
-    with session_scope() as session:
-        item = _lock_running(session, item_id)
-        if item is None:
-            return
-        claims = _claim_texts(session, item_id)
-        if not claims:
-            return  # extraction ended the item or has not happened; nothing to attribute
-        texts = [c.text for c in claims]
-        contexts, model, scale = (
-            list(item.contexts),
-            _run_model(session, item),
-            _scale(session, item),
-        )
-        if not contexts:
-            verdicts = scoring.no_context_verdicts(len(texts))
-            _write_verdicts(session, claims, verdicts)
-            _finish(session, item, scoring.no_context(texts))
-            return
-    judge = get_judge_or_fail(item_id, model)
-    if judge is None:
-        return
-    usage = Usage()
-    try:
-        verdicts, missing = _ask_verdicts(judge, texts, contexts, list(range(len(texts))), usage)
-        if missing:  # asked again once, for the claims left without a verdict
-            again, missing = _ask_verdicts(judge, texts, contexts, missing, usage)
-            verdicts.update(again)
-    except JudgeError as exc:
-        usage += exc.usage
-        _settle_error(item_id, exc, usage)
-        return
-    with session_scope() as session:
-        item = _lock_running(session, item_id)
+        item = _lock_owned(session, item_id, taken.owner)
         if item is None:
             return
         _add_usage(item, usage)
-        if missing:
-            _fail(
-                session,
-                item,
-                "no verdict for claims " + ", ".join(map(str, missing)) + " after asking twice",
-            )
-            return
-        claims = _claim_texts(session, item_id)
-        _write_verdicts(session, claims, verdicts)
-        _finish(session, item, scoring.score_claims(texts, verdicts, scale))
-
-
-def _ask_verdicts(
-    judge,
-    texts: list[str],
-    contexts: list[str],
-    indices: list[int],
-    usage: Usage,  # type: ignore[no-untyped-def]
-) -> tuple[dict[int, scoring.Verdict], list[int]]:
-    """Ask for verdicts on a subset of claims; return them keyed by the claims' own indices."""
-    reply = judge.attribute([texts[i] for i in indices], contexts)
-    usage += reply.usage
-    matched, missing = scoring.match_verdicts(
-        reply.data.get("verdicts"), len(indices), len(contexts)
-    )
-    return (
-        {indices[j]: _reindex(v, indices[j]) for j, v in matched.items()},
-        [indices[j] for j in missing],
-    )
-
-
-def _reindex(verdict: scoring.Verdict, index: int) -> scoring.Verdict:
-    return scoring.Verdict(index, verdict.verdict, verdict.context_indices, verdict.reason)
-
-
-def _run_model(session: Session, item: Item) -> str:
-    return session.scalars(select(Run.model).where(Run.id == item.run_id)).one()
-
-
-def _scale(session: Session, item: Item) -> float:
-    return session.scalars(select(Run.scale).where(Run.id == item.run_id)).one()
-
-
-def _write_verdicts(
-    session: Session, claims: list[Claim], verdicts: dict[int, scoring.Verdict]
-) -> None:
-    for claim in claims:
-        verdict = verdicts[claim.idx]
-        claim.verdict, claim.context_indices, claim.reason = (
-            verdict.verdict,
-            verdict.context_indices,
-            verdict.reason,
-        )
-
-
-def get_judge_or_fail(item_id: int, model: str):  # type: ignore[no-untyped-def]
-    try:
-        return get_judge(model)
-    except JudgeError as exc:
-        _settle_error(item_id, exc)
-        return None
-
-
-def _settle_error(item_id: int, exc: JudgeError, usage: Usage | None = None) -> None:
-    """A judge error ends the item (permanent) or puts it back for later (rate limited)."""
-    with session_scope() as session:
-        item = _lock_running(session, item_id)
-        if item is None:
-            return
-        _add_usage(item, usage or exc.usage)
         if isinstance(exc, RateLimited):
-            item.status, item.lease_until = ItemStatus.QUEUED, _lease(exc.delay)
+            item.status, item.owner = ItemStatus.QUEUED, None
+            item.lease_until = lease_from_now(exc.delay)
             return
-        message = str(exc) if isinstance(exc, PermanentJudgeError) else f"judge error: {exc}"
-        _fail(session, item, message)
+        _fail(item, str(exc))
 
 
 # --- ending -----------------------------------------------------------------------------------
 
 
-def _finish(session: Session, item: Item, outcome: scoring.Outcome) -> None:
+def _finish(item: Item, outcome: scoring.Outcome) -> None:
     item.status, item.finished_at, item.lease_until = ItemStatus.SUCCEEDED, utcnow(), None
     item.score, item.reason, item.error = outcome.score, outcome.reason, None
     item.claims_total, item.claims_attributed = outcome.claims_total, outcome.claims_attributed
 
 
-def _fail(session: Session, item: Item, error: str) -> None:
+def _fail(item: Item, error: str) -> None:
     log.info("item %s failed: %s", item.id, error)
     item.status, item.finished_at, item.lease_until = ItemStatus.FAILED, utcnow(), None
     item.error, item.score = error, None
 
 
 def after_item(item_id: int, enqueue: Enqueue) -> None:
-    """An item's chain is over: hand its slot in the window to the next pending item and
+    """An item's chain is over: give its place in the window to the next pending item, and
     complete the run when this was its last item."""
     with session_scope() as session:
         row = session.execute(

@@ -1,29 +1,113 @@
-"""Celery tasks: thin wrappers that run pipeline stages and chain them per item."""
+"""Celery tasks: thin wrappers that run pipeline stages, chained per item.
+
+    extract(item_id) -> owner token | None  ──►  attribute(token, item_id)
+
+A database or Redis outage inside a task puts its message back in the queue (Reject with
+requeue) instead of failing it, so nothing is lost while a service restarts.
+"""
 
 from __future__ import annotations
 
-from celery import chain
+import functools
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
 
-from worker import pipeline
+import redis
+import sqlalchemy.exc
+from celery import chain, signals
+from celery.exceptions import Reject
+
+from recallq.settings import get_settings
+from worker import liveness, pipeline, reaper
 from worker.celery_app import DISPATCH_TASK, app
+from worker.judges import is_local_mode, redis_client
+
+log = logging.getLogger(__name__)
+
+OUTAGES = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, redis.ConnectionError)
+OUTAGE_PAUSE = 2.0
 
 
 def enqueue_items(item_ids: list[int]) -> None:
     for item_id in item_ids:
-        chain(extract.si(item_id), attribute.si(item_id)).apply_async()
+        chain(extract.si(item_id), attribute.s(item_id)).apply_async()
+
+
+def requeue_on_outage(task: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(task)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return task(*args, **kwargs)
+        except OUTAGES as exc:
+            log.warning("%s: service unavailable (%s); message goes back", task.__name__, exc)
+            time.sleep(OUTAGE_PAUSE)
+            raise Reject(str(exc), requeue=True) from exc
+
+    return run
+
+
+def _holder_alive(owner: str) -> bool:
+    if is_local_mode():
+        return False
+    return bool(liveness.alive(redis_client(), [liveness.worker_of(owner)]))
 
 
 @app.task(name=DISPATCH_TASK)
+@requeue_on_outage
 def dispatch(run_id: str) -> int:
     return pipeline.dispatch(run_id, enqueue_items)
 
 
 @app.task(name="recallq.extract")
-def extract(item_id: int) -> None:
-    pipeline.extract(item_id)
+@requeue_on_outage
+def extract(item_id: int) -> dict[str, Any] | None:
+    taken = pipeline.take(item_id, _holder_alive)
+    if taken is None or not pipeline.extract(item_id, taken):
+        return None
+    return taken.__dict__
 
 
 @app.task(name="recallq.attribute")
-def attribute(item_id: int) -> None:
-    pipeline.attribute(item_id)
+@requeue_on_outage
+def attribute(taken: dict[str, Any] | None, item_id: int) -> None:
+    if taken is not None:
+        pipeline.attribute(item_id, pipeline.Taken(**taken))
     pipeline.after_item(item_id, enqueue_items)
+
+
+# --- the worker's background thread: heartbeat and reaper ---------------------------------------
+
+_stop = threading.Event()
+
+
+def _housekeeping() -> None:
+    interval = get_settings().reaper_interval
+    next_sweep = time.monotonic() + min(interval, liveness.HEARTBEAT_SECONDS)
+    while not _stop.is_set():
+        try:
+            client = redis_client()
+            liveness.beat(client)
+            if time.monotonic() >= next_sweep:
+                next_sweep = time.monotonic() + interval
+                reaper.try_sweep(client, interval, enqueue_items, dispatch.delay)
+        except Exception:  # noqa: BLE001  (an outage must not kill the thread)
+            log.warning("housekeeping failed; retrying", exc_info=True)
+        _stop.wait(min(liveness.HEARTBEAT_SECONDS, interval))
+
+
+@signals.worker_ready.connect
+def _start_housekeeping(**_: Any) -> None:
+    if app.conf.broker_url.startswith("memory://"):
+        return  # local mode: one process, nothing to reap
+    client = redis_client()
+    liveness.beat(client)
+    client.set(reaper.EPOCH_KEY, "1", nx=True)  # a fresh broker has lost nothing
+    threading.Thread(target=_housekeeping, name="recallq-housekeeping", daemon=True).start()
+
+
+@signals.worker_shutdown.connect
+def _stop_housekeeping(**_: Any) -> None:
+    _stop.set()

@@ -74,6 +74,7 @@ def upgrade() -> None:
         sa.Column("cost_usd", sa.Float(), nullable=False),
         sa.Column("cache_hits", sa.Integer(), nullable=False),
         sa.Column("lease_until", sa.DateTime(timezone=True), nullable=True),
+        sa.Column("owner", sa.String(length=120), nullable=True),
         sa.Column("started_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("finished_at", sa.DateTime(timezone=True), nullable=True),
         sa.ForeignKeyConstraint(["run_id"], ["runs.id"], ondelete="CASCADE"),

@@ -222,8 +222,10 @@ def test_drop_verdict_reask_of_missing_claim_is_answered(http: httpx.Client) -> 
     contexts = ["Paris is a city in France."]
     first = attribute(http, ["Paris is in France", "Berlin STUB_DROP_VERDICT"], contexts)
     assert len(content(first)["verdicts"]) == 1
-    data = {"claims": [{"index": 1, "text": "Berlin STUB_DROP_VERDICT"}], "contexts": []}
-    data["contexts"] = [{"index": 0, "text": contexts[0]}]
+    data = {
+        "claims": [{"index": 1, "text": "Berlin STUB_DROP_VERDICT"}],
+        "contexts": [{"index": 0, "text": contexts[0]}],
+    }
     reask = http.post("/chat/completions", json=request_body("claim_attribution", data))
     assert [v["claim_index"] for v in content(reask)["verdicts"]] == [1]
 

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from recallq.model_registry import ModelConfig
+from worker.gate import CallGate
 from worker.judge import protocol
 from worker.judge.base import JudgeReply, PermanentJudgeError, TransientJudgeError, Usage
 from worker.ratelimit import RateLimiter
@@ -59,9 +60,15 @@ class LLMJudge:
     prompt_version = protocol.PROMPT_VERSION
 
     def __init__(
-        self, config: ModelConfig, policy: RetryPolicy, limiter: RateLimiter, timeout: float
+        self,
+        config: ModelConfig,
+        policy: RetryPolicy,
+        limiter: RateLimiter,
+        gate: CallGate,
+        timeout: float,
     ) -> None:
         self.name = config.name
+        self._gate = gate
         self._params = config.resolved_params()
         self._policy = policy
         self._limiter = limiter
@@ -83,11 +90,7 @@ class LLMJudge:
         try:
             return JudgeReply(protocol.parse_answer(schema, content, finish_reason), usage)
         except protocol.ProtocolError as first:
-            repair = [
-                *messages,
-                {"role": "assistant", "content": content or ""},
-                {"role": "user", "content": protocol.REPAIR_INSTRUCTION.format(problem=first)},
-            ]
+            repair = protocol.repair_messages(messages, content, str(first))
             content, finish_reason = self._complete(schema, repair, usage)
             try:
                 return JudgeReply(protocol.parse_answer(schema, content, finish_reason), usage)
@@ -104,15 +107,16 @@ class LLMJudge:
         def attempt() -> Any:
             self._limiter.acquire(self.name, estimate)
             try:
-                return litellm.completion(
-                    **self._params,
-                    messages=messages,
-                    response_format=protocol.response_format(schema),
-                    temperature=0,
-                    timeout=self._timeout,
-                    num_retries=0,
-                    max_retries=0,
-                )
+                with self._gate.call():
+                    return litellm.completion(
+                        **self._params,
+                        messages=messages,
+                        response_format=protocol.response_format(schema),
+                        temperature=0,
+                        timeout=self._timeout,
+                        num_retries=0,
+                        max_retries=0,
+                    )
             except _TRANSIENT as exc:
                 retry_after = _retry_after(exc)
                 if isinstance(exc, litellm.RateLimitError):

@@ -70,8 +70,8 @@ date and qualifier in the claim must be stated or directly entailed there.
 "context_indices": [0], "reason": "..."}]}."""
 
 REPAIR_INSTRUCTION = (
-    "Your previous answer could not be used: {problem}. Answer again with only the JSON object "
-    "described above, complete and valid."
+    "Your previous answer could not be used: {problem}. Answer again for the same data with "
+    "only the JSON object described above, complete and valid."
 )
 
 
@@ -106,6 +106,20 @@ def attribution_messages(claims: list[str], contexts: list[str]) -> list[dict[st
             "role": "user",
             "content": data_message("Judge every claim against the contexts.", data),
         },
+    ]
+
+
+def repair_messages(
+    messages: list[dict[str, str]], bad_answer: str | None, problem: str
+) -> list[dict[str, str]]:
+    """The conversation again, plus the bad answer and a user turn that asks for a valid one.
+    That turn repeats the data block, so the last user message still carries the data."""
+    data_block = messages[-1]["content"][messages[-1]["content"].index("```json") :]
+    instruction = REPAIR_INSTRUCTION.format(problem=problem)
+    return [
+        *messages,
+        {"role": "assistant", "content": bad_answer or ""},
+        {"role": "user", "content": f"{instruction}\n\n{data_block}"},
     ]
 
 

@@ -1,0 +1,110 @@
+"""Puts work back when its worker or its broker message vanished, and keeps runs flowing.
+
+One worker at a time sweeps (a Redis lock), every `reaper_interval` seconds:
+- Redis lost its data (restarted without persistence): every queued or running item of a
+  running run lost its message, so all of them go back to the queue;
+- running items whose worker stopped heart-beating (SIGKILL, OOM) or whose lease ran out;
+- queued items whose lease ran out (a lost message, or a rate-limit deferral now due);
+- every queued or running run is dispatched again, which refills its window.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from sqlalchemy import and_, or_, select, update
+
+from recallq.db import session_scope
+from recallq.models import Item, ItemStatus, Run, RunStatus, as_utc, utcnow
+from worker import liveness
+from worker.pipeline import Enqueue, lease_from_now
+
+log = logging.getLogger(__name__)
+
+EPOCH_KEY = "recallq:broker-epoch"
+LOCK_KEY = "recallq:reaper-lock"
+BATCH = 1000
+BROKER_LOSS_LEASE = 60.0
+
+
+def items_to_requeue(redis, broker_lost: bool) -> list[int]:  # type: ignore[no-untyped-def]
+    """Items of running runs whose message or worker is gone. After a broker data loss every
+    queued item qualifies at once; running items get a short lease (their next message may
+    be gone too) so they follow unless their worker moves them on."""
+    now = utcnow()
+    with session_scope() as session:
+        in_running_runs = (
+            select(Item.id).join(Run, Run.id == Item.run_id).where(Run.status == RunStatus.RUNNING)
+        )
+        if broker_lost:
+            session.execute(
+                update(Item)
+                .where(
+                    Item.status == ItemStatus.RUNNING,
+                    Item.lease_until > lease_from_now(BROKER_LOSS_LEASE),
+                    Item.id.in_(in_running_runs),
+                )
+                .values(lease_until=lease_from_now(BROKER_LOSS_LEASE))
+            )
+        rows = session.execute(
+            select(Item.id, Item.status, Item.owner, Item.lease_until)
+            .where(Item.id.in_(in_running_runs))
+            .where(
+                or_(
+                    Item.status == ItemStatus.RUNNING,
+                    and_(
+                        Item.status == ItemStatus.QUEUED,
+                        or_(broker_lost, Item.lease_until < now),
+                    ),
+                )
+            )
+            .limit(BATCH * 10)
+        ).all()
+    owners = sorted({liveness.worker_of(r.owner) for r in rows if r.owner})
+    alive = liveness.alive(redis, owners)
+
+    def lost(row) -> bool:  # type: ignore[no-untyped-def]
+        if row.status == ItemStatus.QUEUED:
+            return True
+        expired = row.lease_until is None or as_utc(row.lease_until) < now
+        return expired or not row.owner or liveness.worker_of(row.owner) not in alive
+
+    return [row.id for row in rows if lost(row)][:BATCH]
+
+
+def requeue(item_ids: list[int], enqueue: Enqueue) -> int:
+    if not item_ids:
+        return 0
+    with session_scope() as session:
+        session.execute(
+            update(Item)
+            .where(Item.id.in_(item_ids), Item.status.in_((ItemStatus.QUEUED, ItemStatus.RUNNING)))
+            .values(status=ItemStatus.QUEUED, owner=None, lease_until=lease_from_now())
+        )
+    enqueue(item_ids)
+    return len(item_ids)
+
+
+def sweep(redis, enqueue: Enqueue, dispatch_run: Callable[[str], object]) -> int:  # type: ignore[no-untyped-def]
+    """One pass. Returns how many items went back to the queue."""
+    broker_lost = bool(redis.set(EPOCH_KEY, "1", nx=True))
+    lost = items_to_requeue(redis, broker_lost)
+    if lost:
+        log.warning("requeueing %d item(s)%s", len(lost), " (broker lost its data)" * broker_lost)
+    count = requeue(lost, enqueue)
+    with session_scope() as session:
+        runs = list(
+            session.scalars(
+                select(Run.id).where(Run.status.in_((RunStatus.QUEUED, RunStatus.RUNNING)))
+            )
+        )
+    for run_id in runs:
+        dispatch_run(run_id)
+    return count
+
+
+def try_sweep(redis, interval: float, enqueue: Enqueue, dispatch_run) -> None:  # type: ignore[no-untyped-def]
+    """Sweep if no other worker did within the interval."""
+    if redis.set(LOCK_KEY, liveness.WORKER_ID, nx=True, px=max(100, int(interval * 900))):
+        sweep(redis, enqueue, dispatch_run)

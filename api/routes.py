@@ -5,9 +5,11 @@ from __future__ import annotations
 import base64
 import json
 import logging
+from functools import lru_cache
 from typing import Annotated, Any, Literal
 
 import anyio.to_thread
+import redis
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from sqlalchemy import text, update
@@ -25,6 +27,11 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 Project = Annotated[str, Depends(current_project)]
 NDJSON = "application/x-ndjson"
+
+
+@lru_cache
+def redis_client() -> redis.Redis:
+    return redis.Redis.from_url(get_settings().redis_url, socket_timeout=5)
 
 
 def queue_run(run_id: str) -> None:
@@ -191,6 +198,14 @@ def results(
 
 @router.post("/v1/runs/{run_id}/cancel")
 def cancel_run(run_id: str, project: Project) -> dict[str, Any]:
+    """Stop a run. When this returns, no judge call for it is in flight and none will start."""
+    from worker.gate import RedisCallGate
+
+    settings = get_settings()
+    with session_scope() as session:
+        _run_or_404(session, run_id, project)
+    gate = RedisCallGate(redis_client(), settings.request_timeout)
+    gate.close(run_id)
     with session_scope() as session:
         run = _run_or_404(session, run_id, project, lock=True)
         if run.status not in RunStatus.ENDED:
@@ -200,7 +215,11 @@ def cancel_run(run_id: str, project: Project) -> dict[str, Any]:
                 .where(Item.run_id == run_id, Item.status.not_in(ItemStatus.ENDED))
                 .values(status=ItemStatus.CANCELLED, finished_at=utcnow(), lease_until=None)
             )
-        return queries.run_view(session, run)
+    still_open = gate.wait_idle(run_id, settings.cancel_wait)
+    if still_open:
+        log.warning("run %s cancelled with %d judge call(s) still in flight", run_id, still_open)
+    with session_scope() as session:
+        return queries.run_view(session, _run_or_404(session, run_id, project))
 
 
 @router.post("/v1/runs/{run_id}/retry", status_code=202)
@@ -237,9 +256,7 @@ def readyz() -> JSONResponse:
     except Exception as exc:  # noqa: BLE001
         checks["database"] = f"error: {type(exc).__name__}"
     try:
-        import redis
-
-        redis.Redis.from_url(get_settings().redis_url, socket_timeout=2).ping()
+        redis_client().ping()
         checks["redis"] = "ok"
     except Exception as exc:  # noqa: BLE001
         checks["redis"] = f"error: {type(exc).__name__}"

@@ -27,7 +27,9 @@ class Settings(BaseSettings):
     request_timeout: float = 120.0
     rate_limit_max_wait: float = 10.0  # longest a task blocks for limiter capacity
     lease_seconds: float = 600.0  # a running item untouched this long is requeued by the reaper
-    reaper_interval: float = 30.0
+    reaper_interval: float = 10.0
+    heartbeat_ttl: float = 20.0  # a worker silent this long is dead; its items are requeued
+    cancel_wait: float = 30.0  # how long a cancel waits for calls already in flight
 
     # api
     max_items_per_run: int = 200_000

@@ -15,9 +15,10 @@ Endpoints:
 * ``GET /_stub/calls[?offset=&limit=]``: recorded requests; ``GET /_stub/stats``: counters.
 * ``POST /_stub/reset``: clear records, counters, per-key state, the rpm window; reseed.
 
-Request handling order: parse and validate (malformed input or ``STUB_HTTP_400`` -> 400), rpm
-window, random 429, random 500, latency sleep (applied to every non-400 answer), then the
-judge answer with content markers applied.
+Request handling order: parse and validate (malformed input, ``stream=true`` or the
+``STUB_HTTP_400`` marker -> 400, not counted in the rpm window), rpm window, random 429 and
+500 draws, latency sleep (applied to every non-400 answer, including injected 429/500), then
+the judge answer with content markers applied. Every request is recorded, refused ones too.
 
 ``StubServer`` (bottom of this file) starts the server as a subprocess for tests and benchmarks.
 """
@@ -258,6 +259,21 @@ def validate_data(schema: str | None, data: dict[str, Any] | None) -> str | None
     return None
 
 
+def parse_request(raw: bytes) -> tuple[dict, dict | None, str | None, str | None]:
+    """(body, data, schema, problem): problem is the 400 message for an unusable request."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        body = None
+    if not isinstance(body, dict):
+        return {}, None, None, "request body must be a JSON object"
+    if body.get("stream"):
+        return body, None, None, "stream=true is not supported by the stub"
+    data = extract_data(body.get("messages"))
+    schema = schema_name(body.get("response_format"), data)
+    return body, data, schema, validate_data(schema, data)
+
+
 def data_key(data: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
@@ -447,18 +463,7 @@ def create_app(config: StubConfig | None = None) -> Any:
 
     async def handle_completion(request: Request) -> Response:
         entry: dict[str, Any] = {"t": time.time(), "status": None, "schema": None, "fault": None}
-        try:
-            body = json.loads(await request.body())
-        except ValueError:
-            body = None
-        if not isinstance(body, dict):
-            body = {}
-            problem: str | None = "request body must be a JSON object"
-            data = schema = None
-        else:
-            data = extract_data(body.get("messages"))
-            schema = schema_name(body.get("response_format"), data)
-            problem = validate_data(schema, data)
+        body, data, schema, problem = parse_request(await request.body())
         fill_entry(entry, body, data, schema)
 
         def refuse(status: int, payload: dict, fault: str, headers: dict | None = None) -> Response:

@@ -64,9 +64,12 @@ class RedisCallGate:
         finally:
             self._redis.zrem(_inflight(run_id), token)
 
-    def cancel(self, run_id: str, wait: float) -> int:
-        """Close the gate; wait up to `wait` s for calls in flight. Returns calls still open."""
+    def close(self, run_id: str) -> None:
+        """From now on no call for this run gets through."""
         self._redis.set(_flag(run_id), "1", ex=30 * 86400)
+
+    def wait_idle(self, run_id: str, wait: float) -> int:
+        """Wait up to `wait` s for the run's calls in flight; returns how many are still open."""
         deadline = time.monotonic() + wait
         while True:
             # entries past their expiry belong to calls whose worker died mid-call

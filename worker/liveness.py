@@ -6,9 +6,9 @@ import os
 import socket
 import uuid
 
+from recallq.settings import get_settings
+
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
-HEARTBEAT_SECONDS = 5
-HEARTBEAT_TTL = 20
 
 
 def heartbeat_key(worker_id: str) -> str:
@@ -24,8 +24,12 @@ def worker_of(owner: str) -> str:
     return owner.rsplit("/", 1)[0]
 
 
+def beat_interval() -> float:
+    return get_settings().heartbeat_ttl / 4
+
+
 def beat(redis) -> None:  # type: ignore[no-untyped-def]
-    redis.set(heartbeat_key(WORKER_ID), "1", ex=HEARTBEAT_TTL)
+    redis.set(heartbeat_key(WORKER_ID), "1", px=int(get_settings().heartbeat_ttl * 1000))
 
 
 def alive(redis, worker_ids: list[str]) -> set[str]:  # type: ignore[no-untyped-def]

@@ -85,7 +85,7 @@ _stop = threading.Event()
 
 def _housekeeping() -> None:
     interval = get_settings().reaper_interval
-    next_sweep = time.monotonic() + min(interval, liveness.HEARTBEAT_SECONDS)
+    next_sweep = time.monotonic() + min(interval, liveness.beat_interval())
     while not _stop.is_set():
         try:
             client = redis_client()
@@ -95,7 +95,7 @@ def _housekeeping() -> None:
                 reaper.try_sweep(client, interval, enqueue_items, dispatch.delay)
         except Exception:  # noqa: BLE001  (an outage must not kill the thread)
             log.warning("housekeeping failed; retrying", exc_info=True)
-        _stop.wait(min(liveness.HEARTBEAT_SECONDS, interval))
+        _stop.wait(min(liveness.beat_interval(), interval))
 
 
 @signals.worker_ready.connect

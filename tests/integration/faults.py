@@ -1,0 +1,142 @@
+"""Helpers for the fault-injection tests: unique items, submission, and direct database checks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections import Counter, defaultdict
+from typing import Any
+
+import httpx
+from sqlalchemy import create_engine, text
+
+
+def make_items(tag: str, n: int, marked: dict[int, str] | None = None) -> list[dict[str, Any]]:
+    """Items with unique ground truths (no claim-cache hits) that score 1 against the stub."""
+    items = []
+    for i in range(n):
+        first = f"Sample {tag}{i} contains element alpha{tag}{i}"
+        second = f"Sample {tag}{i} weighs {i + 10} grams"
+        marker = (marked or {}).get(i, "")
+        items.append(
+            {
+                "id": f"{tag}-{i}",
+                "ground_truth": f"{first}. {second}. {marker}".strip(),
+                "context": [f"{first} and more.", f"{second} exactly."],
+            }
+        )
+    return items
+
+
+def submit(api: str, items: list[dict[str, Any]], **fields: Any) -> str:
+    response = httpx.post(f"{api}/v1/runs", json={"model": "stub-judge", **fields, "items": items})
+    assert response.status_code == 202, response.text
+    return response.json()["id"]
+
+
+def calls_for_tag(stub, tag: str) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+    return [c for c in stub.calls() if c["data"] and f"Sample {tag}" in json.dumps(c["data"])]
+
+
+def attempts_per_request(calls: list[dict[str, Any]]) -> Counter:
+    """How often the same request (schema + data) reached the stub."""
+    return Counter((c["schema"], json.dumps(c["data"], sort_keys=True)) for c in calls)
+
+
+def item_rows(database_url: str, run_id: str) -> list[dict[str, Any]]:
+    engine = create_engine(database_url)
+    try:
+        with engine.connect() as conn:
+            items = (
+                conn.execute(
+                    text(
+                        "SELECT id, key, status, score, claims_total, llm_calls, error "
+                        "FROM items WHERE run_id = :run ORDER BY idx"
+                    ),
+                    {"run": run_id},
+                )
+                .mappings()
+                .all()
+            )
+            claims = conn.execute(
+                text(
+                    "SELECT c.item_id, c.idx FROM claims c JOIN items i ON i.id = c.item_id "
+                    "WHERE i.run_id = :run"
+                ),
+                {"run": run_id},
+            ).all()
+    finally:
+        engine.dispose()
+    by_item: dict[int, list[int]] = defaultdict(list)
+    for item_id, idx in claims:
+        by_item[item_id].append(idx)
+    return [{**row, "claim_indices": sorted(by_item[row["id"]])} for row in items]
+
+
+def assert_exactly_once(database_url: str, run: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every item scored, each with one set of claims, and counts and usage that add up."""
+    rows = item_rows(database_url, run["id"])
+    assert run["status"] == "completed"
+    assert [r["status"] for r in rows] == ["succeeded"] * len(rows), [
+        (r["key"], r["status"], r["error"]) for r in rows if r["status"] != "succeeded"
+    ]
+    for row in rows:
+        assert row["claim_indices"] == list(range(row["claims_total"])), row
+        assert row["score"] == 1.0, row
+        assert row["llm_calls"] == 2, row  # one extraction, one attribution, counted once
+    assert run["counts"]["succeeded"] == run["counts"]["total"] == len(rows)
+    assert run["usage"]["llm_calls"] == 2 * len(rows)
+    assert run["summary"]["claims_total"] == sum(r["claims_total"] for r in rows)
+    return rows
+
+
+def wait_until(predicate, timeout: float = 60, interval: float = 0.1) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(interval)
+    raise TimeoutError("condition not met")
+
+
+def progress(api: str, run_id: str) -> int:
+    counts = httpx.get(f"{api}/v1/runs/{run_id}").json()["counts"]
+    return counts["succeeded"] + counts["failed"]
+
+
+def restart_redis() -> None:
+    subprocess.run(["redis-cli", "-h", "127.0.0.1", "shutdown", "nosave"], check=False)
+    subprocess.run(
+        [
+            "redis-server",
+            "--daemonize",
+            "yes",
+            "--bind",
+            "127.0.0.1",
+            "--port",
+            "6379",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+        ],
+        check=True,
+    )
+    wait_until(
+        lambda: (
+            subprocess.run(
+                ["redis-cli", "-h", "127.0.0.1", "ping"], capture_output=True
+            ).stdout.strip()
+            == b"PONG"
+        ),
+        timeout=20,
+    )
+
+
+def restart_postgres() -> None:
+    version = subprocess.run(["ls", "/etc/postgresql"], capture_output=True, text=True)
+    cluster = version.stdout.split()[0]
+    subprocess.run(
+        ["pg_ctlcluster", "--skip-systemctl-redirect", cluster, "main", "restart"], check=True
+    )

@@ -12,13 +12,14 @@ import anyio.to_thread
 import redis
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
-from sqlalchemy import text, update
+from sqlalchemy import text
 
 from api.auth import current_project
 from api.body import blocking_lines, read_body
 from api.errors import ApiError, not_found
 from recallq import ingest, queries
 from recallq.db import session_scope
+from recallq.locking import update_items
 from recallq.model_registry import load_models
 from recallq.models import Item, ItemStatus, Run, RunStatus, utcnow
 from recallq.settings import get_settings
@@ -210,10 +211,15 @@ def cancel_run(run_id: str, project: Project) -> dict[str, Any]:
         run = _run_or_404(session, run_id, project, lock=True)
         if run.status not in RunStatus.ENDED:
             run.status, run.finished_at = RunStatus.CANCELLED, utcnow()
-            session.execute(
-                update(Item)
-                .where(Item.run_id == run_id, Item.status.not_in(ItemStatus.ENDED))
-                .values(status=ItemStatus.CANCELLED, finished_at=utcnow(), lease_until=None)
+            update_items(
+                session,
+                Item.run_id == run_id,
+                Item.status.not_in(ItemStatus.ENDED),
+                values={
+                    "status": ItemStatus.CANCELLED,
+                    "finished_at": utcnow(),
+                    "lease_until": None,
+                },
             )
     still_open = gate.wait_idle(run_id, settings.cancel_wait)
     if still_open:
@@ -228,11 +234,14 @@ def retry_run(run_id: str, project: Project) -> JSONResponse:
         run = _run_or_404(session, run_id, project, lock=True)
         if run.status == RunStatus.CANCELLED:
             raise ApiError(409, "run_cancelled", "a cancelled run cannot be retried")
-        retried = session.execute(
-            update(Item)
-            .where(Item.run_id == run_id, Item.status == ItemStatus.FAILED)
-            .values(status=ItemStatus.PENDING, error=None, finished_at=None)
-        ).rowcount
+        retried = len(
+            update_items(
+                session,
+                Item.run_id == run_id,
+                Item.status == ItemStatus.FAILED,
+                values={"status": ItemStatus.PENDING, "error": None, "finished_at": None},
+            )
+        )
         if retried:
             run.status, run.finished_at = RunStatus.RUNNING, None
         view = queries.run_view(session, run)

@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from recallq import scoring
 from recallq.db import session_scope
+from recallq.locking import update_items
 from recallq.models import Claim, ClaimCache, Item, ItemStatus, Run, RunStatus, as_utc, utcnow
 from recallq.settings import get_settings
 from worker.gate import current_run
@@ -47,25 +48,18 @@ def lease_from_now(seconds: float | None = None) -> datetime:
 
 
 def release_items(session: Session, run_id: str, limit: int) -> list[int]:
-    """Mark up to `limit` pending items of a run queued; the caller sends their messages."""
+    """Mark up to `limit` pending items of a run queued (in index order: ids follow it);
+    the caller sends their messages."""
     if limit <= 0:
         return []
-    ids = list(
-        session.scalars(
-            select(Item.id)
-            .where(Item.run_id == run_id, Item.status == ItemStatus.PENDING)
-            .order_by(Item.idx)
-            .limit(limit)
-            .with_for_update(skip_locked=True)
-        )
+    return update_items(
+        session,
+        Item.run_id == run_id,
+        Item.status == ItemStatus.PENDING,
+        values={"status": ItemStatus.QUEUED, "lease_until": lease_from_now()},
+        skip_locked=True,
+        limit=limit,
     )
-    if ids:
-        session.execute(
-            update(Item)
-            .where(Item.id.in_(ids))
-            .values(status=ItemStatus.QUEUED, lease_until=lease_from_now())
-        )
-    return ids
 
 
 def dispatch(run_id: str, enqueue: Enqueue) -> int:

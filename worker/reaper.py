@@ -13,9 +13,10 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from sqlalchemy import and_, or_, select, update
+from sqlalchemy import and_, or_, select
 
 from recallq.db import session_scope
+from recallq.locking import update_items
 from recallq.models import Item, ItemStatus, Run, RunStatus, as_utc, utcnow
 from worker import liveness
 from worker.pipeline import Enqueue, lease_from_now
@@ -25,31 +26,16 @@ log = logging.getLogger(__name__)
 EPOCH_KEY = "recallq:broker-epoch"
 LOCK_KEY = "recallq:reaper-lock"
 BATCH = 1000
-BROKER_LOSS_LEASE = 60.0
 
 
 def items_to_requeue(redis, broker_lost: bool) -> list[int]:  # type: ignore[no-untyped-def]
-    """Items of running runs whose message or worker is gone. After a broker data loss every
-    queued item qualifies at once; running items get a short lease (their next message may
-    be gone too) so they follow unless their worker moves them on."""
+    """Items of running runs whose broker message or worker is gone."""
     now = utcnow()
     with session_scope() as session:
-        in_running_runs = (
-            select(Item.id).join(Run, Run.id == Item.run_id).where(Run.status == RunStatus.RUNNING)
-        )
-        if broker_lost:
-            session.execute(
-                update(Item)
-                .where(
-                    Item.status == ItemStatus.RUNNING,
-                    Item.lease_until > lease_from_now(BROKER_LOSS_LEASE),
-                    Item.id.in_(in_running_runs),
-                )
-                .values(lease_until=lease_from_now(BROKER_LOSS_LEASE))
-            )
         rows = session.execute(
             select(Item.id, Item.status, Item.owner, Item.lease_until)
-            .where(Item.id.in_(in_running_runs))
+            .join(Run, Run.id == Item.run_id)
+            .where(Run.status == RunStatus.RUNNING)
             .where(
                 or_(
                     Item.status == ItemStatus.RUNNING,
@@ -61,6 +47,10 @@ def items_to_requeue(redis, broker_lost: bool) -> list[int]:  # type: ignore[no-
             )
             .limit(BATCH * 10)
         ).all()
+    if broker_lost:
+        # Every message is gone, including the next link of chains in progress. Taking the
+        # items over (new owner tokens) makes any answer still in flight for them void.
+        return [row.id for row in rows][:BATCH]
     owners = sorted({liveness.worker_of(r.owner) for r in rows if r.owner})
     alive = liveness.alive(redis, owners)
 
@@ -77,10 +67,12 @@ def requeue(item_ids: list[int], enqueue: Enqueue) -> int:
     if not item_ids:
         return 0
     with session_scope() as session:
-        session.execute(
-            update(Item)
-            .where(Item.id.in_(item_ids), Item.status.in_((ItemStatus.QUEUED, ItemStatus.RUNNING)))
-            .values(status=ItemStatus.QUEUED, owner=None, lease_until=lease_from_now())
+        item_ids = update_items(
+            session,
+            Item.id.in_(item_ids),
+            Item.status.in_((ItemStatus.QUEUED, ItemStatus.RUNNING)),
+            values={"status": ItemStatus.QUEUED, "owner": None, "lease_until": lease_from_now()},
+            skip_locked=True,
         )
     enqueue(item_ids)
     return len(item_ids)

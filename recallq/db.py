@@ -6,7 +6,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 from recallq.settings import get_settings
@@ -66,6 +66,13 @@ def session_scope(url: str | None = None) -> Iterator[Session]:
         raise
     finally:
         session.close()
+
+
+@contextmanager
+def transaction(url: str | None = None) -> Iterator[Connection]:
+    """One Core transaction (no ORM): for the workers' hot path."""
+    with get_engine(url).begin() as conn:
+        yield conn
 
 
 def dispose_engines() -> None:

@@ -1,14 +1,16 @@
 """The stages of one item, each idempotent: redelivery or a second copy never duplicates work.
 
-    dispatch(run)       -> release a window of pending items to the broker
-    take(item)          -> own the item (a fresh owner token), or learn there is nothing to do
-    extract(item)       -> claims (judge call 1, or the claim cache)
-    attribute(item)     -> verdicts, score, reason (judge call 2)
-    after_item(item)    -> refill the window; the run completes with its last item
+    dispatch(run)        release a window of pending items to the broker
+    take(item)           own the item under a fresh owner token, or learn there is nothing to do
+    extract(item)        claims: judge call 1, or the claim cache
+    attribute(item)      verdicts, score and reason: judge call 2
+    when an item ends    the next pending item of its run takes its place in the window,
+                         and the run completes with its last item
 
-State lives in the database. Every write happens under the item's row lock and only while the
-item is still running under the writer's owner token, so a stale or duplicate copy of a stage
-writes nothing: no second set of claims, no usage counted twice.
+State lives in the database. A stage writes only while the item is still running under its
+owner token (checked in the UPDATE itself), so a stale or duplicate copy of a stage writes
+nothing: no second set of claims, no usage counted twice. The hot path is plain Core SQL,
+about ten statements per item.
 """
 
 from __future__ import annotations
@@ -17,16 +19,16 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
-from sqlalchemy import and_, exists, func, select, update
+from sqlalchemy import Connection, and_, exists, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.orm import Session
 
 from recallq import scoring
-from recallq.db import session_scope
+from recallq.db import session_scope, transaction
 from recallq.locking import update_items
 from recallq.models import Claim, ClaimCache, Item, ItemStatus, Run, RunStatus, as_utc, utcnow
 from recallq.settings import get_settings
@@ -37,6 +39,12 @@ from worker.liveness import new_owner_token
 
 log = logging.getLogger(__name__)
 
+items, runs, claims_table, cache = (
+    Item.__table__,
+    Run.__table__,
+    Claim.__table__,
+    ClaimCache.__table__,
+)
 Enqueue = Callable[[list[int]], None]
 
 
@@ -44,22 +52,11 @@ def lease_from_now(seconds: float | None = None) -> datetime:
     return utcnow() + timedelta(seconds=seconds or get_settings().lease_seconds)
 
 
+def _insert(conn: Connection):  # type: ignore[no-untyped-def]
+    return pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+
+
 # --- dispatch ---------------------------------------------------------------------------------
-
-
-def release_items(session: Session, run_id: str, limit: int) -> list[int]:
-    """Mark up to `limit` pending items of a run queued (in index order: ids follow it);
-    the caller sends their messages."""
-    if limit <= 0:
-        return []
-    return update_items(
-        session,
-        Item.run_id == run_id,
-        Item.status == ItemStatus.PENDING,
-        values={"status": ItemStatus.QUEUED, "lease_until": lease_from_now()},
-        skip_locked=True,
-        limit=limit,
-    )
 
 
 def dispatch(run_id: str, enqueue: Enqueue) -> int:
@@ -73,27 +70,57 @@ def dispatch(run_id: str, enqueue: Enqueue) -> int:
             run.status, run.started_at = RunStatus.RUNNING, utcnow()
         in_flight = session.scalar(
             select(func.count())
-            .select_from(Item)
-            .where(Item.run_id == run_id, Item.status.in_((ItemStatus.QUEUED, ItemStatus.RUNNING)))
+            .select_from(items)
+            .where(items.c.run_id == run_id, items.c.status.in_(ItemStatus.IN_FLIGHT))
         )
-        ids = release_items(session, run_id, window - (in_flight or 0))
+        ids = update_items(
+            session,
+            Item.run_id == run_id,
+            Item.status == ItemStatus.PENDING,
+            values={"status": ItemStatus.QUEUED, "lease_until": lease_from_now()},
+            skip_locked=True,
+            limit=max(0, window - (in_flight or 0)),
+        )
     if ids:
         enqueue(ids)
-    complete_run_if_done(run_id)
+    else:
+        complete_run_if_done(run_id)
     return len(ids)
 
 
-# --- claim cache ------------------------------------------------------------------------------
+def complete_run_if_done(run_id: str) -> bool:
+    """Called after the caller's item update has committed, so the last one to end sees all."""
+    with transaction() as conn:
+        unfinished = exists().where(
+            and_(items.c.run_id == run_id, items.c.status.not_in(ItemStatus.ENDED))
+        )
+        result = conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id, runs.c.status == RunStatus.RUNNING, ~unfinished)
+            .values(status=RunStatus.COMPLETED, finished_at=utcnow())
+        )
+        return bool(result.rowcount)
 
 
-def cache_key(ground_truth: str, model: str, prompt_version: str) -> str:
-    payload = json.dumps([ground_truth, model, prompt_version], ensure_ascii=False)
-    return hashlib.sha256(payload.encode()).hexdigest()
-
-
-def _insert_ignoring_conflicts(session: Session, table: type, rows: list[dict]) -> None:
-    insert = pg_insert if session.get_bind().dialect.name == "postgresql" else sqlite_insert
-    session.execute(insert(table).on_conflict_do_nothing(), rows)
+def _release_next(conn: Connection, run_id: str) -> list[int]:
+    """The next pending item of a running run becomes queued (its message is the caller's)."""
+    pick = (
+        select(items.c.id)
+        .where(items.c.run_id == run_id, items.c.status == ItemStatus.PENDING)
+        .order_by(items.c.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+        .scalar_subquery()
+    )
+    running = exists().where(runs.c.id == run_id, runs.c.status == RunStatus.RUNNING)
+    return list(
+        conn.execute(
+            update(items)
+            .where(items.c.id == pick, running)
+            .values(status=ItemStatus.QUEUED, lease_until=lease_from_now())
+            .returning(items.c.id)
+        ).scalars()
+    )
 
 
 # --- taking an item ---------------------------------------------------------------------------
@@ -101,99 +128,170 @@ def _insert_ignoring_conflicts(session: Session, table: type, rows: list[dict]) 
 
 @dataclass(frozen=True)
 class Taken:
+    """One pass of an item through the chain; travels from extract to attribute."""
+
+    item_id: int
     owner: str
     run_id: str
     model: str
-    ground_truth: str | None  # None when claims exist already (a retry reuses them)
+    scale: float
+    ground_truth: str
+    claims: list[str] | None = None  # known already (a retry reuses extracted claims)
+
+    def to_message(self) -> dict[str, Any]:
+        return asdict(self)
 
 
-def take(item_id: int, holder_alive: Callable[[str], bool]) -> Taken | None:
-    """Own an item for this pass through the chain, or None when there is nothing to do:
-    it ended, its run was cancelled, or a live worker holds it under an unexpired lease."""
-    with session_scope() as session:
-        item = session.get(Item, item_id, with_for_update=True)
-        if item is None or item.status in ItemStatus.ENDED:
+@dataclass
+class Ended:
+    """An item ended: the items released in its place, or the run to check for completion."""
+
+    run_id: str
+    released: list[int] = field(default_factory=list)
+
+
+def finish_up(ended: Ended | None, enqueue: Enqueue) -> None:
+    """After the ending transaction committed: send the released items, or complete the run."""
+    if ended is None:
+        return
+    if ended.released:
+        enqueue(ended.released)
+    else:
+        complete_run_if_done(ended.run_id)
+
+
+def take(item_id: int, holder_alive: Callable[[str], bool]) -> Taken | Ended | None:
+    """Own an item for this pass, or return why there is nothing to do: None when it ended,
+    its run was cancelled or a live worker holds it; Ended when it ended right here."""
+    now = utcnow()
+    has_claims = exists().where(claims_table.c.item_id == items.c.id)
+    with transaction() as conn:
+        row = conn.execute(
+            select(
+                items.c.status,
+                items.c.owner,
+                items.c.lease_until,
+                items.c.ground_truth,
+                items.c.run_id,
+                runs.c.status.label("run_status"),
+                runs.c.model,
+                runs.c.scale,
+                has_claims.label("has_claims"),
+            )
+            .join_from(items, runs, runs.c.id == items.c.run_id)
+            .where(items.c.id == item_id)
+        ).one_or_none()
+        if row is None or row.status in ItemStatus.ENDED:
             return None
-        run = session.get(Run, item.run_id)
-        assert run is not None
-        if run.status == RunStatus.CANCELLED:
-            item.status, item.finished_at = ItemStatus.CANCELLED, utcnow()
+        if row.run_status == RunStatus.CANCELLED:
+            conn.execute(
+                update(items)
+                .where(items.c.id == item_id, items.c.status.not_in(ItemStatus.ENDED))
+                .values(status=ItemStatus.CANCELLED, finished_at=now, lease_until=None)
+            )
             return None
-        held = item.status == ItemStatus.RUNNING and item.owner and item.lease_until is not None
-        if held and as_utc(item.lease_until) > utcnow() and holder_alive(item.owner):
+        held = row.status == ItemStatus.RUNNING and row.owner and row.lease_until is not None
+        if held and as_utc(row.lease_until) > now and holder_alive(row.owner):
             return None  # a duplicate message: the holder is on it
         owner = new_owner_token()
-        item.status, item.owner, item.lease_until = ItemStatus.RUNNING, owner, lease_from_now()
-        item.started_at = item.started_at or utcnow()
-        item.attempts += 1
-        if item.ground_truth is None:
-            _finish(item, scoring.no_ground_truth())
-            return None
-        has_claims = session.scalar(select(exists().where(Claim.item_id == item_id)))
-        return Taken(owner, item.run_id, run.model, None if has_claims else item.ground_truth)
-
-
-def _lock_owned(session: Session, item_id: int, owner: str) -> Item | None:
-    item = session.get(Item, item_id, with_for_update=True)
-    if item is None or item.status != ItemStatus.RUNNING or item.owner != owner:
-        return None
-    return item
+        values: dict[str, Any] = {
+            "status": ItemStatus.RUNNING,
+            "owner": owner,
+            "lease_until": lease_from_now(),
+            "attempts": items.c.attempts + 1,
+            "started_at": func.coalesce(items.c.started_at, now),
+        }
+        if row.ground_truth is None:
+            values |= _outcome_values(scoring.no_ground_truth(), now)
+        same_state = and_(
+            items.c.id == item_id,
+            items.c.status == row.status,
+            items.c.owner.is_(None) if row.owner is None else items.c.owner == row.owner,
+        )
+        if not conn.execute(update(items).where(same_state).values(**values)).rowcount:
+            return None  # another copy moved it on between our read and write
+        if row.ground_truth is None:
+            return Ended(row.run_id, _release_next(conn, row.run_id))
+        known = _stored_claims(conn, item_id) if row.has_claims else None
+    return Taken(item_id, owner, row.run_id, row.model, row.scale, row.ground_truth, known)
 
 
 # --- stages -----------------------------------------------------------------------------------
 
 
-def extract(item_id: int, taken: Taken) -> bool:
-    """Claims for the item; True when attribution should follow."""
-    if taken.ground_truth is None:
-        return True  # extracted on an earlier pass
-    judge = _judge(item_id, taken)
-    if judge is None:
-        return False
+def extract(taken: Taken) -> Taken | Ended | None:
+    """Claims for the item. Returns the pass with its claims for attribution, or how it ended."""
+    if taken.claims is not None:
+        return taken
+    judge = _judge(taken)
+    if isinstance(judge, Ended | type(None)):
+        return judge
     key = cache_key(taken.ground_truth, taken.model, judge.prompt_version)
-    with session_scope() as session:
-        cached = session.get(ClaimCache, key)
+    with transaction() as conn:
+        cached = conn.execute(select(cache.c.claims).where(cache.c.key == key)).scalar()
     usage, hits = Usage(), 0
     if cached is not None:
-        claims, hits = list(cached.claims), 1
+        found, hits = list(cached), 1
     else:
         try:
-            reply = _with_run(taken, lambda: judge.extract_claims(taken.ground_truth or ""))
+            reply = _with_run(taken, lambda: judge.extract_claims(taken.ground_truth))
         except JudgeError as exc:
-            _settle_error(item_id, taken, exc, exc.usage)
-            return False
-        claims, usage = reply.data["claims"], reply.usage
-    with session_scope() as session:
-        item = _lock_owned(session, item_id, taken.owner)
-        if item is None:
-            return False  # cancelled meanwhile, or another copy took the item over
-        _add_usage(item, usage, hits)
-        if cached is None and claims:
-            _insert_ignoring_conflicts(session, ClaimCache, [{"key": key, "claims": claims}])
-        if not claims:
-            _finish(item, scoring.no_claims())
-            return False
-        rows = [{"item_id": item_id, "idx": i, "text": text} for i, text in enumerate(claims)]
-        _insert_ignoring_conflicts(session, Claim, rows)
-        item.lease_until = lease_from_now()
-    return True
+            return _settle_error(taken, exc, exc.usage)
+        found, usage = reply.data["claims"], reply.usage
+    now = utcnow()
+    with transaction() as conn:
+        values = _usage_values(usage, hits) | {"lease_until": lease_from_now()}
+        if not found:
+            return _end(conn, taken, values | _outcome_values(scoring.no_claims(), now))
+        if not _update_owned(conn, taken, values):
+            return None  # cancelled meanwhile, or another copy took the item over
+        if cached is None:
+            conn.execute(
+                _insert(conn)(cache).on_conflict_do_nothing(), [{"key": key, "claims": found}]
+            )
+        rows = [{"item_id": taken.item_id, "idx": i, "text": t} for i, t in enumerate(found)]
+        inserted = conn.execute(
+            _insert(conn)(claims_table).on_conflict_do_nothing().returning(claims_table.c.idx),
+            rows,
+        ).all()
+        if len(inserted) != len(found):  # an earlier pass stored its claims first: use those
+            found = _stored_claims(conn, taken.item_id)
+    return Taken(**{**taken.to_message(), "claims": found})
 
 
-def attribute(item_id: int, taken: Taken) -> None:
-    with session_scope() as session:
-        item = _lock_owned(session, item_id, taken.owner)
-        if item is None:
-            return
-        claims = _claims(session, item_id)
-        texts, contexts = [c.text for c in claims], list(item.contexts)
-        scale = session.scalars(select(Run.scale).where(Run.id == item.run_id)).one()
-        if not contexts:
-            _write_verdicts(claims, scoring.no_context_verdicts(len(texts)))
-            _finish(item, scoring.no_context(texts))
-            return
-    judge = _judge(item_id, taken)
-    if judge is None:
-        return
+def _stored_claims(conn: Connection, item_id: int) -> list[str]:
+    return list(
+        conn.execute(
+            select(claims_table.c.text)
+            .where(claims_table.c.item_id == item_id)
+            .order_by(claims_table.c.idx)
+        ).scalars()
+    )
+
+
+def attribute(taken: Taken) -> Ended | None:
+    texts = taken.claims or []
+    with transaction() as conn:
+        row = conn.execute(
+            select(items.c.contexts, items.c.status, items.c.owner).where(
+                items.c.id == taken.item_id
+            )
+        ).one_or_none()
+    if row is None or row.status != ItemStatus.RUNNING or row.owner != taken.owner:
+        return None
+    contexts = list(row.contexts)
+    now = utcnow()
+    if not contexts:
+        with transaction() as conn:
+            return _end(
+                conn,
+                taken,
+                _outcome_values(scoring.no_context(texts), now),
+                scoring.no_context_verdicts(len(texts)),
+            )
+    judge = _judge(taken)
+    if isinstance(judge, Ended | type(None)):
+        return judge
     usage = Usage()
     try:
         verdicts, missing = _ask_verdicts(judge, taken, texts, contexts, range(len(texts)), usage)
@@ -202,19 +300,15 @@ def attribute(item_id: int, taken: Taken) -> None:
             verdicts.update(again)
     except JudgeError as exc:
         usage += exc.usage
-        _settle_error(item_id, taken, exc, usage)
-        return
-    with session_scope() as session:
-        item = _lock_owned(session, item_id, taken.owner)
-        if item is None:
-            return
-        _add_usage(item, usage)
+        return _settle_error(taken, exc, usage)
+    with transaction() as conn:
         if missing:
             names = ", ".join(str(i) for i in missing)
-            _fail(item, f"the judge gave no verdict for claim(s) {names}, asked twice")
-            return
-        _write_verdicts(_claims(session, item_id), verdicts)
-        _finish(item, scoring.score_claims(texts, verdicts, scale))
+            error = f"the judge gave no verdict for claim(s) {names}, asked twice"
+            return _end(conn, taken, _usage_values(usage) | _failure_values(error, now))
+        outcome = scoring.score_claims(texts, verdicts, taken.scale)
+        values = _usage_values(usage) | _outcome_values(outcome, now)
+        return _end(conn, taken, values, verdicts)
 
 
 def _ask_verdicts(
@@ -239,7 +333,12 @@ def _ask_verdicts(
     return verdicts, [indices[j] for j in missing]
 
 
-def _with_run(taken: Taken, call: Callable):  # type: ignore[type-arg,no-untyped-def]
+def cache_key(ground_truth: str, model: str, prompt_version: str) -> str:
+    payload = json.dumps([ground_truth, model, prompt_version], ensure_ascii=False)
+    return hashlib.sha256(payload.encode()).hexdigest()
+
+
+def _with_run(taken: Taken, call: Callable[[], Any]) -> Any:
     """Run a judge call with the item's run as context (the cancel gate reads it)."""
     token = current_run.set(taken.run_id)
     try:
@@ -248,89 +347,108 @@ def _with_run(taken: Taken, call: Callable):  # type: ignore[type-arg,no-untyped
         current_run.reset(token)
 
 
-def _judge(item_id: int, taken: Taken) -> Judge | None:
+def _judge(taken: Taken) -> Judge | Ended | None:
     try:
         return get_judge(taken.model)
     except JudgeError as exc:
-        _settle_error(item_id, taken, exc, exc.usage)
+        return _settle_error(taken, exc, exc.usage)
+
+
+# --- writes -----------------------------------------------------------------------------------
+
+
+def _owned(taken: Taken):  # type: ignore[no-untyped-def]
+    return and_(
+        items.c.id == taken.item_id,
+        items.c.status == ItemStatus.RUNNING,
+        items.c.owner == taken.owner,
+    )
+
+
+def _update_owned(conn: Connection, taken: Taken, values: dict[str, Any]) -> bool:
+    return bool(conn.execute(update(items).where(_owned(taken)).values(**values)).rowcount)
+
+
+def _end(
+    conn: Connection,
+    taken: Taken,
+    values: dict[str, Any],
+    verdicts: dict[int, scoring.Verdict] | None = None,
+) -> Ended | None:
+    """End the item if this pass still owns it; release the next pending item in its place."""
+    if not _update_owned(conn, taken, values):
         return None
+    if verdicts:
+        insert = _insert(conn)(claims_table)
+        rows = [
+            {
+                "item_id": taken.item_id,
+                "idx": i,
+                "text": text,
+                "verdict": verdicts[i].verdict,
+                "context_indices": verdicts[i].context_indices,
+                "reason": verdicts[i].reason,
+            }
+            for i, text in enumerate(taken.claims or [])
+        ]
+        conn.execute(
+            insert.on_conflict_do_update(
+                index_elements=["item_id", "idx"],
+                set_={
+                    "verdict": insert.excluded.verdict,
+                    "context_indices": insert.excluded.context_indices,
+                    "reason": insert.excluded.reason,
+                },
+            ),
+            rows,
+        )
+    return Ended(taken.run_id, _release_next(conn, taken.run_id))
 
 
-def _claims(session: Session, item_id: int) -> list[Claim]:
-    return list(session.scalars(select(Claim).where(Claim.item_id == item_id).order_by(Claim.idx)))
-
-
-def _write_verdicts(claims: list[Claim], verdicts: dict[int, scoring.Verdict]) -> None:
-    for claim in claims:
-        verdict = verdicts[claim.idx]
-        claim.verdict = verdict.verdict
-        claim.context_indices = verdict.context_indices
-        claim.reason = verdict.reason
-
-
-def _add_usage(item: Item, usage: Usage, cache_hits: int = 0) -> None:
-    item.llm_calls += usage.llm_calls
-    item.prompt_tokens += usage.prompt_tokens
-    item.completion_tokens += usage.completion_tokens
-    item.cost_usd += usage.cost_usd
-    item.cache_hits += cache_hits
-
-
-def _settle_error(item_id: int, taken: Taken, exc: JudgeError, usage: Usage) -> None:
+def _settle_error(taken: Taken, exc: JudgeError, usage: Usage) -> Ended | None:
     """A judge error fails the item, or, when the rate limit has no room soon, puts it back
     in the queue for the reaper to send again once capacity is expected."""
-    with session_scope() as session:
-        item = _lock_owned(session, item_id, taken.owner)
-        if item is None:
-            return
-        _add_usage(item, usage)
+    with transaction() as conn:
         if isinstance(exc, RateLimited):
-            item.status, item.owner = ItemStatus.QUEUED, None
-            item.lease_until = lease_from_now(exc.delay)
-            return
-        _fail(item, str(exc))
+            values = _usage_values(usage) | {
+                "status": ItemStatus.QUEUED,
+                "owner": None,
+                "lease_until": lease_from_now(exc.delay),
+            }
+            _update_owned(conn, taken, values)
+            return None
+        return _end(conn, taken, _usage_values(usage) | _failure_values(str(exc), utcnow()))
 
 
-# --- ending -----------------------------------------------------------------------------------
+def _usage_values(usage: Usage, cache_hits: int = 0) -> dict[str, Any]:
+    return {
+        "llm_calls": items.c.llm_calls + usage.llm_calls,
+        "prompt_tokens": items.c.prompt_tokens + usage.prompt_tokens,
+        "completion_tokens": items.c.completion_tokens + usage.completion_tokens,
+        "cost_usd": items.c.cost_usd + usage.cost_usd,
+        "cache_hits": items.c.cache_hits + cache_hits,
+    }
 
 
-def _finish(item: Item, outcome: scoring.Outcome) -> None:
-    item.status, item.finished_at, item.lease_until = ItemStatus.SUCCEEDED, utcnow(), None
-    item.score, item.reason, item.error = outcome.score, outcome.reason, None
-    item.claims_total, item.claims_attributed = outcome.claims_total, outcome.claims_attributed
+def _outcome_values(outcome: scoring.Outcome, now: datetime) -> dict[str, Any]:
+    return {
+        "status": ItemStatus.SUCCEEDED,
+        "finished_at": now,
+        "lease_until": None,
+        "score": outcome.score,
+        "reason": outcome.reason,
+        "error": None,
+        "claims_total": outcome.claims_total,
+        "claims_attributed": outcome.claims_attributed,
+    }
 
 
-def _fail(item: Item, error: str) -> None:
-    log.info("item %s failed: %s", item.id, error)
-    item.status, item.finished_at, item.lease_until = ItemStatus.FAILED, utcnow(), None
-    item.error, item.score = error, None
-
-
-def after_item(item_id: int, enqueue: Enqueue) -> None:
-    """An item's chain is over: give its place in the window to the next pending item, and
-    complete the run when this was its last item."""
-    with session_scope() as session:
-        row = session.execute(
-            select(Item.run_id, Item.status).where(Item.id == item_id)
-        ).one_or_none()
-        if row is None or row.status not in ItemStatus.ENDED:
-            return
-        run_status = session.scalar(select(Run.status).where(Run.id == row.run_id))
-        ids = release_items(session, row.run_id, 1) if run_status == RunStatus.RUNNING else []
-    if ids:
-        enqueue(ids)
-    complete_run_if_done(row.run_id)
-
-
-def complete_run_if_done(run_id: str) -> bool:
-    """Called after the caller's item update has committed, so the last one to end sees all."""
-    with session_scope() as session:
-        unfinished = exists().where(
-            and_(Item.run_id == run_id, Item.status.not_in(ItemStatus.ENDED))
-        )
-        result = session.execute(
-            update(Run)
-            .where(Run.id == run_id, Run.status == RunStatus.RUNNING, ~unfinished)
-            .values(status=RunStatus.COMPLETED, finished_at=utcnow())
-        )
-        return bool(result.rowcount)
+def _failure_values(error: str, now: datetime) -> dict[str, Any]:
+    log.info("item failed: %s", error)
+    return {
+        "status": ItemStatus.FAILED,
+        "finished_at": now,
+        "lease_until": None,
+        "error": error,
+        "score": None,
+    }

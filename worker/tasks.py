@@ -17,7 +17,7 @@ from typing import Any
 
 import redis
 import sqlalchemy.exc
-from celery import chain, signals
+from celery import Task, chain, signals
 from celery.exceptions import Reject
 
 from recallq.settings import get_settings
@@ -61,21 +61,24 @@ def dispatch(run_id: str) -> int:
     return pipeline.dispatch(run_id, enqueue_items)
 
 
-@app.task(name="recallq.extract")
+@app.task(name="recallq.extract", bind=True)
 @requeue_on_outage
-def extract(item_id: int) -> dict[str, Any] | None:
+def extract(self: Task, item_id: int) -> dict[str, Any] | None:
     taken = pipeline.take(item_id, _holder_alive)
-    if taken is None or not pipeline.extract(item_id, taken):
-        return None
-    return taken.__dict__
+    if isinstance(taken, pipeline.Taken):
+        taken = pipeline.extract(taken)
+    if isinstance(taken, pipeline.Taken):
+        return taken.to_message()
+    pipeline.finish_up(taken, enqueue_items)
+    self.request.chain = None  # the item ended here (or is not ours): no attribution
+    return None
 
 
 @app.task(name="recallq.attribute")
 @requeue_on_outage
 def attribute(taken: dict[str, Any] | None, item_id: int) -> None:
     if taken is not None:
-        pipeline.attribute(item_id, pipeline.Taken(**taken))
-    pipeline.after_item(item_id, enqueue_items)
+        pipeline.finish_up(pipeline.attribute(pipeline.Taken(**taken)), enqueue_items)
 
 
 # --- the worker's background thread: heartbeat and reaper ---------------------------------------

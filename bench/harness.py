@@ -1,0 +1,104 @@
+"""Real processes for benchmarks: a stub LLM, a fresh Postgres database, the API and workers."""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+
+from recallq import migrate
+from tests.services import (
+    PostgresDatabase,
+    Process,
+    redis_database,
+    start_api,
+    start_worker,
+    write_models_file,
+)
+from tests.stub_llm import StubServer
+
+MODEL = "stub-judge"
+
+
+@contextmanager
+def environment(latency_ms: float, rpm: int | None = None, **extra: str) -> Iterator[dict]:
+    """A stub server and a migrated database; yields the env for recallq processes."""
+    with StubServer(latency_ms=latency_ms, record_messages=False) as stub, PostgresDatabase() as db:
+        migrate.upgrade(db.url)
+        directory = Path(tempfile.mkdtemp(prefix="recallq-bench-"))
+        limits = {"rpm": rpm} if rpm else {}
+        env = {
+            **os.environ,
+            "RECALLQ_DATABASE_URL": db.url,
+            "RECALLQ_REDIS_URL": redis_database(13),
+            "RECALLQ_MODELS_FILE": str(write_models_file(directory, stub.base_url, **limits)),
+            "STUB_API_KEY": "sk-bench",
+            "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            **extra,
+        }
+        yield {"env": env, "stub": stub, "db": db.url, "dir": directory}
+
+
+def items(n: int, tag: str = "") -> Iterator[dict[str, Any]]:
+    for i in range(n):
+        yield {
+            "id": f"q{i}",
+            "ground_truth": f"Item {tag}{i} was made in {1900 + i % 100}. "
+            f"Item {tag}{i} weighs {i % 50} kilograms.",
+            "context": [
+                f"Item {tag}{i} was made in {1900 + i % 100} in Lyon.",
+                f"Records say item {tag}{i} weighs {i % 50} kilograms.",
+            ],
+        }
+
+
+def ndjson_file(n: int, tag: str, directory: Path) -> Path:
+    path = directory / f"items-{tag}-{n}.jsonl"
+    with path.open("w") as handle:
+        for item in items(n, tag):
+            handle.write(json.dumps(item) + "\n")
+    return path
+
+
+def submit_file(api: str, path: Path, model: str = MODEL) -> tuple[str, float]:
+    started = time.perf_counter()
+    with path.open("rb") as handle:
+        response = httpx.post(
+            f"{api}/v1/runs",
+            params={"model": model},
+            content=iter(lambda: handle.read(256 * 1024), b""),
+            headers={"content-type": "application/x-ndjson"},
+            timeout=600,
+        )
+    assert response.status_code == 202, response.text
+    return response.json()["id"], time.perf_counter() - started
+
+
+def wait(api: str, run_id: str, timeout: float = 7200) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = httpx.get(f"{api}/v1/runs/{run_id}", timeout=60).json()
+        if run["status"] in ("completed", "cancelled", "failed"):
+            return run
+        time.sleep(0.25)
+    raise TimeoutError(run_id)
+
+
+def cpu_seconds(process: Process) -> float:
+    proc = psutil.Process(process.proc.pid)
+    total = 0.0
+    for p in [proc, *proc.children(recursive=True)]:
+        times = p.cpu_times()
+        total += times.user + times.system
+    return total
+
+
+__all__ = ["start_api", "start_worker", "Process"]

@@ -21,9 +21,10 @@ import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Connection, and_, exists, func, select, update
+from sqlalchemy import Connection, and_, bindparam, exists, func, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -52,8 +53,122 @@ def lease_from_now(seconds: float | None = None) -> datetime:
     return utcnow() + timedelta(seconds=seconds or get_settings().lease_seconds)
 
 
-def _insert(conn: Connection):  # type: ignore[no-untyped-def]
-    return pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
+# Statements of the hot path are built once, with bound parameters: building SQLAlchemy
+# expressions per call cost more CPU than running them.
+
+TAKE_READ = (
+    select(
+        items.c.status,
+        items.c.owner,
+        items.c.lease_until,
+        items.c.ground_truth,
+        items.c.run_id,
+        runs.c.status.label("run_status"),
+        runs.c.model,
+        runs.c.scale,
+        exists().where(claims_table.c.item_id == items.c.id).label("has_claims"),
+    )
+    .join_from(items, runs, runs.c.id == items.c.run_id)
+    .where(items.c.id == bindparam("item_id"))
+)
+CACHED_CLAIMS = select(cache.c.claims).where(cache.c.key == bindparam("key"))
+STORED_CLAIMS = (
+    select(claims_table.c.text)
+    .where(claims_table.c.item_id == bindparam("item_id"))
+    .order_by(claims_table.c.idx)
+)
+ATTRIBUTION_READ = select(items.c.contexts, items.c.status, items.c.owner).where(
+    items.c.id == bindparam("item_id")
+)
+RELEASE_NEXT = (
+    update(items)
+    .where(
+        items.c.id
+        == select(items.c.id)
+        .where(items.c.run_id == bindparam("b_run"), items.c.status == ItemStatus.PENDING)
+        .order_by(items.c.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+        .scalar_subquery(),
+        exists().where(runs.c.id == bindparam("b_run"), runs.c.status == RunStatus.RUNNING),
+    )
+    .values(status=ItemStatus.QUEUED, lease_until=bindparam("b_lease"))
+    .returning(items.c.id)
+)
+COMPLETE_RUN = (
+    update(runs)
+    .where(
+        runs.c.id == bindparam("b_run"),
+        runs.c.status == RunStatus.RUNNING,
+        ~exists().where(
+            and_(items.c.run_id == bindparam("b_run"), items.c.status.not_in(ItemStatus.ENDED))
+        ),
+    )
+    .values(status=RunStatus.COMPLETED, finished_at=bindparam("b_now"))
+)
+COUNTERS = ("llm_calls", "prompt_tokens", "completion_tokens", "cost_usd", "cache_hits", "attempts")
+
+
+@lru_cache
+def _item_update(keys: frozenset[str], match_owner: str, match_status: bool):  # type: ignore[no-untyped-def]
+    """UPDATE items SET keys WHERE id [AND owner = / IS NULL] [AND status]; counters are
+    increments."""
+    values = {
+        key: items.c[key] + bindparam(f"v_{key}") if key in COUNTERS else bindparam(f"v_{key}")
+        for key in keys
+    }
+    where = [items.c.id == bindparam("b_id")]
+    if match_owner == "value":
+        where.append(items.c.owner == bindparam("b_owner"))
+    elif match_owner == "null":
+        where.append(items.c.owner.is_(None))
+    if match_status:
+        where.append(items.c.status == bindparam("b_status"))
+    return update(items).where(*where).values(values)
+
+
+def _run_item_update(
+    conn: Connection,
+    item_id: int,
+    values: dict[str, Any],
+    owner: str | None = None,
+    status: str | None = None,
+    unowned: bool = False,
+) -> int:
+    match_owner = "null" if unowned else "value" if owner is not None else ""
+    statement = _item_update(frozenset(values), match_owner, status is not None)
+    params = {f"v_{k}": v for k, v in values.items()} | {"b_id": item_id}
+    if owner is not None:
+        params["b_owner"] = owner
+    if status is not None:
+        params["b_status"] = status
+    return conn.execute(statement, params).rowcount
+
+
+@lru_cache
+def _claims_insert(dialect: str):  # type: ignore[no-untyped-def]
+    insert = pg_insert if dialect == "postgresql" else sqlite_insert
+    return insert(claims_table).on_conflict_do_nothing().returning(claims_table.c.idx)
+
+
+@lru_cache
+def _cache_insert(dialect: str):  # type: ignore[no-untyped-def]
+    insert = pg_insert if dialect == "postgresql" else sqlite_insert
+    return insert(cache).on_conflict_do_nothing()
+
+
+@lru_cache
+def _verdicts_upsert(dialect: str):  # type: ignore[no-untyped-def]
+    insert = (pg_insert if dialect == "postgresql" else sqlite_insert)(claims_table)
+    return insert.on_conflict_do_update(
+        index_elements=["item_id", "idx"],
+        set_={
+            "text": insert.excluded.text,
+            "verdict": insert.excluded.verdict,
+            "context_indices": insert.excluded.context_indices,
+            "reason": insert.excluded.reason,
+        },
+    )
 
 
 # --- dispatch ---------------------------------------------------------------------------------
@@ -91,36 +206,13 @@ def dispatch(run_id: str, enqueue: Enqueue) -> int:
 def complete_run_if_done(run_id: str) -> bool:
     """Called after the caller's item update has committed, so the last one to end sees all."""
     with transaction() as conn:
-        unfinished = exists().where(
-            and_(items.c.run_id == run_id, items.c.status.not_in(ItemStatus.ENDED))
-        )
-        result = conn.execute(
-            update(runs)
-            .where(runs.c.id == run_id, runs.c.status == RunStatus.RUNNING, ~unfinished)
-            .values(status=RunStatus.COMPLETED, finished_at=utcnow())
-        )
-        return bool(result.rowcount)
+        return bool(conn.execute(COMPLETE_RUN, {"b_run": run_id, "b_now": utcnow()}).rowcount)
 
 
 def _release_next(conn: Connection, run_id: str) -> list[int]:
     """The next pending item of a running run becomes queued (its message is the caller's)."""
-    pick = (
-        select(items.c.id)
-        .where(items.c.run_id == run_id, items.c.status == ItemStatus.PENDING)
-        .order_by(items.c.id)
-        .limit(1)
-        .with_for_update(skip_locked=True)
-        .scalar_subquery()
-    )
-    running = exists().where(runs.c.id == run_id, runs.c.status == RunStatus.RUNNING)
-    return list(
-        conn.execute(
-            update(items)
-            .where(items.c.id == pick, running)
-            .values(status=ItemStatus.QUEUED, lease_until=lease_from_now())
-            .returning(items.c.id)
-        ).scalars()
-    )
+    params = {"b_run": run_id, "b_lease": lease_from_now()}
+    return list(conn.execute(RELEASE_NEXT, params).scalars())
 
 
 # --- taking an item ---------------------------------------------------------------------------
@@ -164,31 +256,13 @@ def take(item_id: int, holder_alive: Callable[[str], bool]) -> Taken | Ended | N
     """Own an item for this pass, or return why there is nothing to do: None when it ended,
     its run was cancelled or a live worker holds it; Ended when it ended right here."""
     now = utcnow()
-    has_claims = exists().where(claims_table.c.item_id == items.c.id)
     with transaction() as conn:
-        row = conn.execute(
-            select(
-                items.c.status,
-                items.c.owner,
-                items.c.lease_until,
-                items.c.ground_truth,
-                items.c.run_id,
-                runs.c.status.label("run_status"),
-                runs.c.model,
-                runs.c.scale,
-                has_claims.label("has_claims"),
-            )
-            .join_from(items, runs, runs.c.id == items.c.run_id)
-            .where(items.c.id == item_id)
-        ).one_or_none()
+        row = conn.execute(TAKE_READ, {"item_id": item_id}).one_or_none()
         if row is None or row.status in ItemStatus.ENDED:
             return None
         if row.run_status == RunStatus.CANCELLED:
-            conn.execute(
-                update(items)
-                .where(items.c.id == item_id, items.c.status.not_in(ItemStatus.ENDED))
-                .values(status=ItemStatus.CANCELLED, finished_at=now, lease_until=None)
-            )
+            cancelled = {"status": ItemStatus.CANCELLED, "finished_at": now, "lease_until": None}
+            _run_item_update(conn, item_id, cancelled, status=row.status)
             return None
         held = row.status == ItemStatus.RUNNING and row.owner and row.lease_until is not None
         if held and as_utc(row.lease_until) > now and holder_alive(row.owner):
@@ -198,18 +272,16 @@ def take(item_id: int, holder_alive: Callable[[str], bool]) -> Taken | Ended | N
             "status": ItemStatus.RUNNING,
             "owner": owner,
             "lease_until": lease_from_now(),
-            "attempts": items.c.attempts + 1,
-            "started_at": func.coalesce(items.c.started_at, now),
+            "attempts": 1,
         }
+        if row.status != ItemStatus.RUNNING:
+            values["started_at"] = now
         if row.ground_truth is None:
             values |= _outcome_values(scoring.no_ground_truth(), now)
-        same_state = and_(
-            items.c.id == item_id,
-            items.c.status == row.status,
-            items.c.owner.is_(None) if row.owner is None else items.c.owner == row.owner,
-        )
-        if not conn.execute(update(items).where(same_state).values(**values)).rowcount:
-            return None  # another copy moved it on between our read and write
+        # only if nobody moved the item on between our read and this write
+        unchanged = {"owner": row.owner, "status": row.status, "unowned": row.owner is None}
+        if not _run_item_update(conn, item_id, values, **unchanged):
+            return None
         if row.ground_truth is None:
             return Ended(row.run_id, _release_next(conn, row.run_id))
         known = _stored_claims(conn, item_id) if row.has_claims else None
@@ -228,7 +300,7 @@ def extract(taken: Taken) -> Taken | Ended | None:
         return judge
     key = cache_key(taken.ground_truth, taken.model, judge.prompt_version)
     with transaction() as conn:
-        cached = conn.execute(select(cache.c.claims).where(cache.c.key == key)).scalar()
+        cached = conn.execute(CACHED_CLAIMS, {"key": key}).scalar()
     usage, hits = Usage(), 0
     if cached is not None:
         found, hits = list(cached), 1
@@ -246,37 +318,22 @@ def extract(taken: Taken) -> Taken | Ended | None:
         if not _update_owned(conn, taken, values):
             return None  # cancelled meanwhile, or another copy took the item over
         if cached is None:
-            conn.execute(
-                _insert(conn)(cache).on_conflict_do_nothing(), [{"key": key, "claims": found}]
-            )
+            conn.execute(_cache_insert(conn.dialect.name), [{"key": key, "claims": found}])
         rows = [{"item_id": taken.item_id, "idx": i, "text": t} for i, t in enumerate(found)]
-        inserted = conn.execute(
-            _insert(conn)(claims_table).on_conflict_do_nothing().returning(claims_table.c.idx),
-            rows,
-        ).all()
+        inserted = conn.execute(_claims_insert(conn.dialect.name), rows).all()
         if len(inserted) != len(found):  # an earlier pass stored its claims first: use those
             found = _stored_claims(conn, taken.item_id)
     return Taken(**{**taken.to_message(), "claims": found})
 
 
 def _stored_claims(conn: Connection, item_id: int) -> list[str]:
-    return list(
-        conn.execute(
-            select(claims_table.c.text)
-            .where(claims_table.c.item_id == item_id)
-            .order_by(claims_table.c.idx)
-        ).scalars()
-    )
+    return list(conn.execute(STORED_CLAIMS, {"item_id": item_id}).scalars())
 
 
 def attribute(taken: Taken) -> Ended | None:
     texts = taken.claims or []
     with transaction() as conn:
-        row = conn.execute(
-            select(items.c.contexts, items.c.status, items.c.owner).where(
-                items.c.id == taken.item_id
-            )
-        ).one_or_none()
+        row = conn.execute(ATTRIBUTION_READ, {"item_id": taken.item_id}).one_or_none()
     if row is None or row.status != ItemStatus.RUNNING or row.owner != taken.owner:
         return None
     contexts = list(row.contexts)
@@ -357,16 +414,12 @@ def _judge(taken: Taken) -> Judge | Ended | None:
 # --- writes -----------------------------------------------------------------------------------
 
 
-def _owned(taken: Taken):  # type: ignore[no-untyped-def]
-    return and_(
-        items.c.id == taken.item_id,
-        items.c.status == ItemStatus.RUNNING,
-        items.c.owner == taken.owner,
-    )
-
-
 def _update_owned(conn: Connection, taken: Taken, values: dict[str, Any]) -> bool:
-    return bool(conn.execute(update(items).where(_owned(taken)).values(**values)).rowcount)
+    """Write only while this pass owns the running item (the owner token says so)."""
+    owned = _run_item_update(
+        conn, taken.item_id, values, owner=taken.owner, status=ItemStatus.RUNNING
+    )
+    return bool(owned)
 
 
 def _end(
@@ -379,7 +432,6 @@ def _end(
     if not _update_owned(conn, taken, values):
         return None
     if verdicts:
-        insert = _insert(conn)(claims_table)
         rows = [
             {
                 "item_id": taken.item_id,
@@ -391,17 +443,7 @@ def _end(
             }
             for i, text in enumerate(taken.claims or [])
         ]
-        conn.execute(
-            insert.on_conflict_do_update(
-                index_elements=["item_id", "idx"],
-                set_={
-                    "verdict": insert.excluded.verdict,
-                    "context_indices": insert.excluded.context_indices,
-                    "reason": insert.excluded.reason,
-                },
-            ),
-            rows,
-        )
+        conn.execute(_verdicts_upsert(conn.dialect.name), rows)
     return Ended(taken.run_id, _release_next(conn, taken.run_id))
 
 
@@ -421,12 +463,13 @@ def _settle_error(taken: Taken, exc: JudgeError, usage: Usage) -> Ended | None:
 
 
 def _usage_values(usage: Usage, cache_hits: int = 0) -> dict[str, Any]:
+    """Increments of the item's usage counters (see COUNTERS)."""
     return {
-        "llm_calls": items.c.llm_calls + usage.llm_calls,
-        "prompt_tokens": items.c.prompt_tokens + usage.prompt_tokens,
-        "completion_tokens": items.c.completion_tokens + usage.completion_tokens,
-        "cost_usd": items.c.cost_usd + usage.cost_usd,
-        "cache_hits": items.c.cache_hits + cache_hits,
+        "llm_calls": usage.llm_calls,
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cost_usd": usage.cost_usd,
+        "cache_hits": cache_hits,
     }
 
 

@@ -20,13 +20,14 @@ class Settings(BaseSettings):
 
     # worker
     worker_concurrency: int = 32
-    dispatch_window: int = 2000  # items of one run queued in the broker at once
+    dispatch_window: int = 256  # items of one run in the broker at once: >= 2x worker threads
     max_attempts: int = 5  # judge calls per stage, transient failures included
     retry_base_delay: float = 0.5
     retry_max_delay: float = 30.0
     request_timeout: float = 120.0
     rate_limit_max_wait: float = 10.0  # longest a task blocks for limiter capacity
-    lease_seconds: float = 600.0  # a running item untouched this long is requeued by the reaper
+    lease_seconds: float = 600.0  # a running stage untouched this long is requeued by the reaper
+    queue_lease_seconds: float = 120.0  # a message waiting longer than this is sent again
     reaper_interval: float = 10.0
     heartbeat_ttl: float = 20.0  # a worker silent this long is dead; its items are requeued
     cancel_wait: float = 30.0  # how long a cancel waits for calls already in flight

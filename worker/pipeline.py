@@ -50,7 +50,15 @@ Enqueue = Callable[[list[int]], None]
 
 
 def lease_from_now(seconds: float | None = None) -> datetime:
+    """Lease of a stage at work (default), or of `seconds`."""
     return utcnow() + timedelta(seconds=seconds or get_settings().lease_seconds)
+
+
+def queue_lease() -> datetime:
+    """Lease of an item whose next message waits in the broker. If the message is lost (a
+    worker died holding it unacknowledged), the reaper sends another when this runs out;
+    a duplicate is harmless, the owner token sorts it out."""
+    return lease_from_now(get_settings().queue_lease_seconds)
 
 
 # Statements of the hot path are built once, with bound parameters: building SQLAlchemy
@@ -77,8 +85,15 @@ STORED_CLAIMS = (
     .where(claims_table.c.item_id == bindparam("item_id"))
     .order_by(claims_table.c.idx)
 )
-ATTRIBUTION_READ = select(items.c.contexts, items.c.status, items.c.owner).where(
-    items.c.id == bindparam("item_id")
+ATTRIBUTION_START = (
+    update(items)
+    .where(
+        items.c.id == bindparam("b_id"),
+        items.c.owner == bindparam("b_owner"),
+        items.c.status == ItemStatus.RUNNING,
+    )
+    .values(lease_until=bindparam("b_lease"))
+    .returning(items.c.contexts)
 )
 RELEASE_NEXT = (
     update(items)
@@ -192,7 +207,7 @@ def dispatch(run_id: str, enqueue: Enqueue) -> int:
             session,
             Item.run_id == run_id,
             Item.status == ItemStatus.PENDING,
-            values={"status": ItemStatus.QUEUED, "lease_until": lease_from_now()},
+            values={"status": ItemStatus.QUEUED, "lease_until": queue_lease()},
             skip_locked=True,
             limit=max(0, window - (in_flight or 0)),
         )
@@ -211,7 +226,7 @@ def complete_run_if_done(run_id: str) -> bool:
 
 def _release_next(conn: Connection, run_id: str) -> list[int]:
     """The next pending item of a running run becomes queued (its message is the caller's)."""
-    params = {"b_run": run_id, "b_lease": lease_from_now()}
+    params = {"b_run": run_id, "b_lease": queue_lease()}
     return list(conn.execute(RELEASE_NEXT, params).scalars())
 
 
@@ -312,7 +327,7 @@ def extract(taken: Taken) -> Taken | Ended | None:
         found, usage = reply.data["claims"], reply.usage
     now = utcnow()
     with transaction() as conn:
-        values = _usage_values(usage, hits) | {"lease_until": lease_from_now()}
+        values = _usage_values(usage, hits) | {"lease_until": queue_lease()}
         if not found:
             return _end(conn, taken, values | _outcome_values(scoring.no_claims(), now))
         if not _update_owned(conn, taken, values):
@@ -333,9 +348,10 @@ def _stored_claims(conn: Connection, item_id: int) -> list[str]:
 def attribute(taken: Taken) -> Ended | None:
     texts = taken.claims or []
     with transaction() as conn:
-        row = conn.execute(ATTRIBUTION_READ, {"item_id": taken.item_id}).one_or_none()
-    if row is None or row.status != ItemStatus.RUNNING or row.owner != taken.owner:
-        return None
+        params = {"b_id": taken.item_id, "b_owner": taken.owner, "b_lease": lease_from_now()}
+        row = conn.execute(ATTRIBUTION_START, params).one_or_none()
+    if row is None:
+        return None  # not ours any more: cancelled, ended, or taken over
     contexts = list(row.contexts)
     now = utcnow()
     if not contexts:

@@ -19,7 +19,7 @@ from recallq.db import session_scope
 from recallq.locking import update_items
 from recallq.models import Item, ItemStatus, Run, RunStatus, as_utc, utcnow
 from worker import liveness
-from worker.pipeline import Enqueue, lease_from_now
+from worker.pipeline import Enqueue, queue_lease
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +71,7 @@ def requeue(item_ids: list[int], enqueue: Enqueue) -> int:
             session,
             Item.id.in_(item_ids),
             Item.status.in_((ItemStatus.QUEUED, ItemStatus.RUNNING)),
-            values={"status": ItemStatus.QUEUED, "owner": None, "lease_until": lease_from_now()},
+            values={"status": ItemStatus.QUEUED, "owner": None, "lease_until": queue_lease()},
             skip_locked=True,
         )
     enqueue(item_ids)

@@ -53,6 +53,7 @@ def fault_env(service_env: dict[str, str]) -> dict[str, str]:
         "RECALLQ_REAPER_INTERVAL": "1",
         "RECALLQ_HEARTBEAT_TTL": "3",
         "RECALLQ_LEASE_SECONDS": "120",
+        "RECALLQ_QUEUE_LEASE_SECONDS": "10",
     }
 
 

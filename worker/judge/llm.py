@@ -102,6 +102,17 @@ class LLMJudge:
         self._priced = model in litellm.model_cost or model.split("/", 1)[-1] in litellm.model_cost
         if not self._priced:
             _UNPRICED.update((model, model.split("/", 1)[-1]))
+        self._warm_up()
+
+    def _warm_up(self) -> None:
+        """litellm initialises lazily on its first call (hundreds of ms). Do it now, offline:
+        otherwise first calls that waited for it leave together, bunching the rate limit's
+        evenly spaced slots into a burst."""
+        litellm.completion(
+            **self._params,
+            messages=[{"role": "user", "content": "warm-up"}],
+            mock_response='{"claims": []}',
+        )
 
     def extract_claims(self, ground_truth: str) -> JudgeReply:
         return self._ask(protocol.EXTRACTION, protocol.extraction_messages(ground_truth))

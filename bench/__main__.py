@@ -1,0 +1,221 @@
+"""recallq benchmark: `python -m bench` (see --help). Prints a table; asserts nothing.
+
+Everything runs for real on this machine: Postgres, Redis, the API, Celery worker processes
+and the stub LLM server (with a set latency) that they call over HTTP through litellm.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+from bench import harness, metrics
+
+Row = tuple[str, str, str, str]
+
+
+def throughput(workers: int, args: argparse.Namespace) -> dict[str, Any]:
+    latency = args.latency_ms / 1000
+    with harness.environment(args.latency_ms) as env:
+        procs = [harness.start_worker(env["env"], args.concurrency) for _ in range(workers)]
+        api, url = harness.start_api(env["env"])
+        warm, _ = harness.submit_file(url, harness.ndjson_file(workers * 4, "warm", env["dir"]))
+        harness.wait(url, warm)
+        n = args.items * workers
+        cpu_before = sum(harness.cpu_seconds(p) for p in procs)
+        started = time.perf_counter()
+        run_id, _ = harness.submit_file(url, harness.ndjson_file(n, f"t{workers}", env["dir"]))
+        run = harness.wait(url, run_id)
+        elapsed = time.perf_counter() - started
+        cpu = sum(harness.cpu_seconds(p) for p in procs) - cpu_before
+        calls = run["usage"]["llm_calls"] / n
+        for p in [api, *procs]:
+            p.stop()
+    bound = workers * args.concurrency / latency / 2
+    return {
+        "workers": workers,
+        "items_per_s": n / elapsed,
+        "bound": bound,
+        "cpu_ms": cpu / n * 1000,
+        "calls_per_item": calls,
+        "failed": run["counts"]["failed"],
+    }
+
+
+def rate_limited(args: argparse.Namespace) -> dict[str, Any]:
+    with harness.environment(50, rpm=args.rpm) as env:
+        env["stub"].configure(rpm_limit=args.rpm)
+        procs = [harness.start_worker(env["env"], 16) for _ in range(2)]
+        api, url = harness.start_api(env["env"])
+        n = int(args.rpm / 60 / 2 * args.rate_window)  # items for about rate_window seconds
+        run_id, _ = harness.submit_file(url, harness.ndjson_file(n, "rl", env["dir"]))
+        run = harness.wait(url, run_id)
+        rate, accepted, refused = metrics.accepted_rate_per_minute(env["stub"].calls())
+        for p in [api, *procs]:
+            p.stop()
+    return {"rate": rate, "accepted": accepted, "refused": refused, "scored": run["counts"]}
+
+
+def claim_cache(args: argparse.Namespace) -> tuple[float, float, int]:
+    """Calls per item on a first run and on a re-run of the same eval set."""
+    with harness.environment(args.big_latency_ms) as env:
+        procs = [harness.start_worker(env["env"], args.concurrency) for _ in range(2)]
+        api, url = harness.start_api(env["env"])
+        path = harness.ndjson_file(args.cache_items, "cache", env["dir"])
+        first = harness.wait(url, harness.submit_file(url, path)[0])
+        again = harness.wait(url, harness.submit_file(url, path)[0])
+        for p in [api, *procs]:
+            p.stop()
+    n = args.cache_items
+    return (
+        first["usage"]["llm_calls"] / n,
+        again["usage"]["llm_calls"] / n,
+        again["usage"]["claim_cache_hits"],
+    )
+
+
+def submission_and_big_run(args: argparse.Namespace) -> dict[str, Any]:
+    """NDJSON submissions of 10k and of the big run, measured at the API; then the big run
+    is scored by two workers that were running all along."""
+    import httpx
+
+    results: dict[str, Any] = {}
+    with harness.environment(args.big_latency_ms) as env:
+        api, url = harness.start_api(env["env"])
+        procs = [harness.start_worker(env["env"], args.big_concurrency) for _ in range(2)]
+        sizes = [10_000] + ([args.big] if args.big else [])
+        for size in sizes:
+            path = harness.ndjson_file(size, f"s{size}", env["dir"])
+            memory = metrics.PeakMemory(api.proc.pid)
+            if size == args.big:
+                cpu_before = sum(harness.cpu_seconds(p) for p in procs)
+            run_id, seconds = harness.submit_file(url, path)
+            results[size] = {"seconds": seconds, "growth_mb": memory.stop(), "run": run_id}
+            if size != args.big:  # not part of the big run's measurement
+                httpx.post(f"{url}/v1/runs/{run_id}/cancel", timeout=120)
+        if args.big:
+            big_run = harness.wait(url, results[args.big]["run"])
+            cpu = sum(harness.cpu_seconds(p) for p in procs) - cpu_before
+            results["big"] = metrics.item_latencies(env["db"], results[args.big]["run"]) | {
+                "counts": big_run["counts"],
+                "cpu_ms": cpu / args.big * 1000,
+                "calls": big_run["usage"]["llm_calls"] / args.big,
+            }
+        results["raw_ms"] = metrics.raw_http_cpu_ms(env["stub"].base_url)
+        results["litellm_ms"] = metrics.litellm_cpu_ms(env["stub"].base_url)
+        for p in [api, *procs]:
+            p.stop()
+    return results
+
+
+def print_table(title: str, rows: list[Row]) -> None:
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    print(f"\n{title}")
+    for i, row in enumerate(rows):
+        print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
+        if i == 0:
+            print("  " + "  ".join("-" * w for w in widths))
+    sys.stdout.flush()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    parser.add_argument("--concurrency", type=int, default=8, help="threads per worker")
+    parser.add_argument("--latency-ms", type=float, default=500, help="stub latency")
+    parser.add_argument("--items", type=int, default=300, help="items per worker, throughput")
+    parser.add_argument("--rpm", type=int, default=1200, help="provider limit scenario")
+    parser.add_argument("--rate-window", type=float, default=45, help="seconds at the limit")
+    parser.add_argument("--cache-items", type=int, default=300)
+    parser.add_argument("--big", type=int, default=100_000, help="items of the big run (0: skip)")
+    parser.add_argument("--big-latency-ms", type=float, default=20)
+    parser.add_argument("--big-concurrency", type=int, default=16)
+    args = parser.parse_args()
+
+    rows: list[Row] = [("workers", "items/s", "in-flight bound", "worker CPU ms/item")]
+    base = None
+    for workers in args.workers:
+        r = throughput(workers, args)
+        base = base or r["items_per_s"]
+        rows.append(
+            (
+                str(workers),
+                f"{r['items_per_s']:.1f} ({r['items_per_s'] / base:.2f}x of 1)",
+                f"{r['bound']:.0f} items/s ({r['items_per_s'] / r['bound']:.0%})",
+                f"{r['cpu_ms']:.1f}",
+            )
+        )
+    print_table(
+        f"Throughput, stub latency {args.latency_ms:.0f} ms, {args.concurrency} threads/worker, "
+        "2 calls/item (bound = workers x threads / latency / 2)",
+        rows,
+    )
+
+    limited = rate_limited(args)
+    print_table(
+        f"Provider limit {args.rpm} requests/min enforced by the stub, 2 workers",
+        [
+            ("sustained calls/min", "of the limit", "accepted", "refused (429)"),
+            (
+                f"{limited['rate']:.0f}",
+                f"{limited['rate'] / args.rpm:.1%}",
+                str(limited["accepted"]),
+                f"{limited['refused']} ({limited['refused'] / max(1, limited['accepted']):.2%})",
+            ),
+        ],
+    )
+
+    first, again, hits = claim_cache(args)
+    print_table(
+        "Claim cache (same eval set run twice)",
+        [
+            ("first run calls/item", "re-run calls/item", "re-run cache hits", ""),
+            (f"{first:.2f}", f"{again:.2f}", str(hits), ""),
+        ],
+    )
+    big = submission_and_big_run(args)
+    rows = [("items", "submission s", "API memory growth MB", "")]
+    for size in (10_000, args.big):
+        if size and size in big:
+            info = big[size]
+            rows.append((str(size), f"{info['seconds']:.1f}", f"{info['growth_mb']:.1f}", ""))
+    print_table("NDJSON submission over HTTP (the API's resident memory, sampled)", rows)
+    print_table(
+        "CPU floor of one judge call (in-process, against the stub)",
+        [
+            ("raw httpx ms/call", "recallq litellm judge ms/call", "2 calls raw / litellm", ""),
+            (
+                f"{big['raw_ms']:.2f}",
+                f"{big['litellm_ms']:.2f}",
+                f"{2 * big['raw_ms']:.1f} / {2 * big['litellm_ms']:.1f} ms",
+                "",
+            ),
+        ],
+    )
+    if "big" in big:
+        b = big["big"]
+        print_table(
+            f"{args.big}-item run, 2 workers x {args.big_concurrency} threads, "
+            f"stub latency {args.big_latency_ms:.0f} ms",
+            [
+                (
+                    "first result s",
+                    "completion s",
+                    "item latency p50 / p99 s",
+                    "worker CPU ms/item",
+                ),
+                (
+                    f"{b['first_result']:.1f}",
+                    f"{b['completion']:.0f} ({args.big / b['completion']:.1f} items/s)",
+                    f"{b['p50']:.2f} / {b['p99']:.2f}",
+                    f"{b['cpu_ms']:.1f}",
+                ),
+            ],
+        )
+        print(f"  counts: {b['counts']}, LLM calls/item {b['calls']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import base64
 import json
 import logging
+from collections.abc import Iterator
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
@@ -13,6 +14,7 @@ import redis
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from sqlalchemy import text
+from sqlalchemy.orm import Session
 
 from api.auth import current_project
 from api.body import blocking_lines, read_body
@@ -46,7 +48,7 @@ def queue_run(run_id: str) -> None:
         log.warning("could not queue run %s now; the reaper will", run_id, exc_info=True)
 
 
-def _run_or_404(session, run_id: str, project: str, lock: bool = False) -> Run:  # type: ignore[no-untyped-def]
+def _run_or_404(session: Session, run_id: str, project: str, lock: bool = False) -> Run:
     run = session.get(Run, run_id, with_for_update=lock)
     if run is None or run.project != project:
         raise not_found(f"run {run_id}")
@@ -187,7 +189,7 @@ def results(
     with session_scope() as session:
         _run_or_404(session, run_id, project)
 
-    def stream():  # type: ignore[no-untyped-def]
+    def stream() -> Iterator[str]:
         with session_scope() as session:
             rows = queries.iter_results(session, run_id)
             yield from (queries.csv_lines(rows) if format == "csv" else queries.jsonl_lines(rows))

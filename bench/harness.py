@@ -14,13 +14,13 @@ from typing import Any
 import httpx
 import psutil
 
-from recallq import migrate
 from tests.services import (
-    PostgresDatabase,
     Process,
+    migrated_database,
     redis_database,
     start_api,
     start_worker,
+    wait_for_run,
     write_models_file,
 )
 from tests.stub_llm import StubServer
@@ -31,20 +31,22 @@ MODEL = "stub-judge"
 @contextmanager
 def environment(latency_ms: float, rpm: int | None = None, **extra: str) -> Iterator[dict]:
     """A stub server and a migrated database; yields the env for recallq processes."""
-    with StubServer(latency_ms=latency_ms, record_messages=False) as stub, PostgresDatabase() as db:
-        migrate.upgrade(db.url)
+    with (
+        StubServer(latency_ms=latency_ms, record_messages=False) as stub,
+        migrated_database() as db,
+    ):
         directory = Path(tempfile.mkdtemp(prefix="recallq-bench-"))
         limits = {"rpm": rpm} if rpm else {}
         env = {
             **os.environ,
-            "RECALLQ_DATABASE_URL": db.url,
+            "RECALLQ_DATABASE_URL": db,
             "RECALLQ_REDIS_URL": redis_database(13),
             "RECALLQ_MODELS_FILE": str(write_models_file(directory, stub.base_url, **limits)),
             "STUB_API_KEY": "sk-bench",
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
             **extra,
         }
-        yield {"env": env, "stub": stub, "db": db.url, "dir": directory}
+        yield {"env": env, "stub": stub, "db": db, "dir": directory}
 
 
 def items(n: int, tag: str = "") -> Iterator[dict[str, Any]]:
@@ -82,14 +84,8 @@ def submit_file(api: str, path: Path, model: str = MODEL) -> tuple[str, float]:
     return response.json()["id"], time.perf_counter() - started
 
 
-def wait(api: str, run_id: str, timeout: float = 7200) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        run = httpx.get(f"{api}/v1/runs/{run_id}", timeout=60).json()
-        if run["status"] in ("completed", "cancelled", "failed"):
-            return run
-        time.sleep(0.25)
-    raise TimeoutError(run_id)
+def wait(api: str, run_id: str) -> dict[str, Any]:
+    return wait_for_run(api, run_id, timeout=4 * 3600)
 
 
 def cpu_seconds(process: Process) -> float:

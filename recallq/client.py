@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+from tqdm import tqdm
 
 TERMINAL = ("completed", "cancelled", "failed")
 
@@ -25,7 +26,7 @@ def _fail(response: httpx.Response) -> int:
     return 1
 
 
-def _stream_file(path: Path, bar) -> Iterator[bytes]:  # type: ignore[no-untyped-def]
+def _stream_file(path: Path, bar: tqdm) -> Iterator[bytes]:
     with path.open("rb") as handle:
         while chunk := handle.read(256 * 1024):
             bar.update(len(chunk))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sqlite3
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -25,7 +26,7 @@ def make_engine(url: str) -> Engine:
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
 
     @event.listens_for(engine, "connect")
-    def _sqlite_connect(dbapi_conn, _record) -> None:  # type: ignore[no-untyped-def]
+    def _sqlite_connect(dbapi_conn: sqlite3.Connection, _record: object) -> None:
         # Take control of transactions so every one starts with BEGIN IMMEDIATE: threads then
         # queue for the write lock instead of failing on a read-to-write upgrade.
         dbapi_conn.isolation_level = None
@@ -34,7 +35,7 @@ def make_engine(url: str) -> Engine:
         dbapi_conn.execute("PRAGMA foreign_keys=ON")
 
     @event.listens_for(engine, "begin")
-    def _sqlite_begin(conn) -> None:  # type: ignore[no-untyped-def]
+    def _sqlite_begin(conn: Connection) -> None:
         conn.exec_driver_sql("BEGIN IMMEDIATE")
 
     return engine

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Iterator
@@ -53,7 +52,7 @@ def process(run_id: str, concurrency: int, progress: bool = True) -> dict[str, A
     from worker.judges import use_local_mode
 
     use_local_mode()
-    app.conf.broker_url = "memory://"
+    app.conf.broker_url = "memory://localhost/"
     app.conf.broker_transport_options = {"polling_interval": 0.01}
     view = run_view(run_id)
     bar = tqdm(total=view["counts"]["total"], unit="item", disable=not progress, file=sys.stderr)
@@ -73,9 +72,9 @@ def process(run_id: str, concurrency: int, progress: bool = True) -> dict[str, A
             bar.set_postfix(failed=counts["failed"], refresh=False)
             bar.refresh()
             if view["status"] in RunStatus.ENDED:
+                bar.close()
                 break
             time.sleep(0.2)
-    bar.close()
     return view
 
 
@@ -123,7 +122,10 @@ def print_summary(view: dict[str, Any], run_id: str, out: Path | None, stream: T
         if len(failures) > 10:
             print(f"  ... and {len(failures) - 10} more", file=stream)
     db = get_settings().database_url
-    print(f"\nresults: {db} (run {run_id})", file=stream)
+    where = (
+        str(Path(db.removeprefix("sqlite:///")).resolve()) if db.startswith("sqlite:///") else db
+    )
+    print(f"\nresults: {where} (run {run_id})", file=stream)
     if out is not None:
         print(f"per-item results with claims: {out}", file=stream)
 
@@ -146,6 +148,3 @@ def _scores_and_failures(run_id: str) -> tuple[list[float], list[tuple[str, str]
 
 def default_concurrency(model: str) -> int:
     return 2 if model == "local/lexical" else min(32, get_settings().worker_concurrency)
-
-
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

@@ -12,12 +12,10 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 @pytest.fixture(scope="session")
 def pg_database() -> Iterator[str]:
     """A migrated throwaway Postgres database for the test session."""
-    from recallq import migrate
-    from tests.services import PostgresDatabase
+    from tests.services import migrated_database
 
-    with PostgresDatabase() as database:
-        migrate.upgrade(database.url)
-        yield database.url
+    with migrated_database() as url:
+        yield url
 
 
 @pytest.fixture(scope="session")

@@ -11,6 +11,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,16 @@ class PostgresDatabase:
     def __exit__(self, *exc: Any) -> None:
         with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
+
+
+@contextmanager
+def migrated_database() -> Iterator[str]:
+    """A throwaway database at the head revision; yields its URL."""
+    from recallq import migrate
+
+    with PostgresDatabase() as database:
+        migrate.upgrade(database.url)
+        yield database.url
 
 
 def redis_database(index: int) -> str:
@@ -135,7 +147,7 @@ def start_api(env: dict[str, str]) -> tuple[Process, str]:
 def wait_for_run(api_url: str, run_id: str, timeout: float = 120) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        run = httpx.get(f"{api_url}/v1/runs/{run_id}", timeout=10).json()
+        run = httpx.get(f"{api_url}/v1/runs/{run_id}", timeout=60).json()
         if run["status"] in ("completed", "cancelled", "failed"):
             return run
         time.sleep(0.2)

@@ -14,6 +14,8 @@ from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
 from typing import Protocol
 
+from redis import Redis
+
 from worker.judge.base import JudgeError
 
 current_run: ContextVar[str | None] = ContextVar("current_run", default=None)
@@ -44,7 +46,7 @@ def _inflight(run_id: str) -> str:
 
 
 class RedisCallGate:
-    def __init__(self, redis, call_timeout: float) -> None:  # type: ignore[no-untyped-def]
+    def __init__(self, redis: Redis, call_timeout: float) -> None:
         self._redis = redis
         self._enter = redis.register_script(_ENTER)
         self._call_timeout = call_timeout

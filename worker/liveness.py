@@ -6,6 +6,8 @@ import os
 import socket
 import uuid
 
+from redis import Redis
+
 from recallq.settings import get_settings
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
@@ -28,11 +30,11 @@ def beat_interval() -> float:
     return get_settings().heartbeat_ttl / 4
 
 
-def beat(redis) -> None:  # type: ignore[no-untyped-def]
+def beat(redis: Redis) -> None:
     redis.set(heartbeat_key(WORKER_ID), "1", px=int(get_settings().heartbeat_ttl * 1000))
 
 
-def alive(redis, worker_ids: list[str]) -> set[str]:  # type: ignore[no-untyped-def]
+def alive(redis: Redis, worker_ids: list[str]) -> set[str]:
     if not worker_ids:
         return set()
     found = redis.mget([heartbeat_key(w) for w in worker_ids])

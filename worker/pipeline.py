@@ -24,7 +24,17 @@ from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Connection, and_, bindparam, exists, func, select, update
+from sqlalchemy import (
+    Connection,
+    Insert,
+    Update,
+    and_,
+    bindparam,
+    exists,
+    func,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -125,7 +135,7 @@ COUNTERS = ("llm_calls", "prompt_tokens", "completion_tokens", "cost_usd", "cach
 
 
 @lru_cache
-def _item_update(keys: frozenset[str], match_owner: str, match_status: bool):  # type: ignore[no-untyped-def]
+def _item_update(keys: frozenset[str], match_owner: str, match_status: bool) -> Update:
     """UPDATE items SET keys WHERE id [AND owner = / IS NULL] [AND status]; counters are
     increments."""
     values = {
@@ -161,19 +171,19 @@ def _run_item_update(
 
 
 @lru_cache
-def _claims_insert(dialect: str):  # type: ignore[no-untyped-def]
+def _claims_insert(dialect: str) -> Insert:
     insert = pg_insert if dialect == "postgresql" else sqlite_insert
     return insert(claims_table).on_conflict_do_nothing().returning(claims_table.c.idx)
 
 
 @lru_cache
-def _cache_insert(dialect: str):  # type: ignore[no-untyped-def]
+def _cache_insert(dialect: str) -> Insert:
     insert = pg_insert if dialect == "postgresql" else sqlite_insert
     return insert(cache).on_conflict_do_nothing()
 
 
 @lru_cache
-def _verdicts_upsert(dialect: str):  # type: ignore[no-untyped-def]
+def _verdicts_upsert(dialect: str) -> Insert:
     insert = (pg_insert if dialect == "postgresql" else sqlite_insert)(claims_table)
     return insert.on_conflict_do_update(
         index_elements=["item_id", "idx"],

@@ -9,7 +9,10 @@ for Retry-After seconds (all workers) and halves its rate, which recovers linear
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Protocol
+
+from redis import Redis
 
 from worker.judge.base import RateLimited
 
@@ -80,13 +83,13 @@ class Unlimited:
 class RedisRateLimiter:
     def __init__(
         self,
-        redis,  # type: ignore[no-untyped-def]  # redis.Redis
+        redis: Redis,
         rpm: int | None,
         tpm: int | None,
         max_wait: float = 10.0,
         utilisation: float = 0.98,
         recovery_seconds: float = 30.0,
-        sleep=time.sleep,  # type: ignore[no-untyped-def]
+        sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         self._redis = redis
         self._rpm = (rpm or 0) * utilisation

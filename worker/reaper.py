@@ -13,7 +13,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from sqlalchemy import and_, or_, select
+from redis import Redis
+from sqlalchemy import Row, and_, or_, select
 
 from recallq.db import session_scope
 from recallq.locking import update_items
@@ -28,7 +29,7 @@ LOCK_KEY = "recallq:reaper-lock"
 BATCH = 1000
 
 
-def items_to_requeue(redis, broker_lost: bool) -> list[int]:  # type: ignore[no-untyped-def]
+def items_to_requeue(redis: Redis, broker_lost: bool) -> list[int]:
     """Items of running runs whose broker message or worker is gone."""
     now = utcnow()
     with session_scope() as session:
@@ -54,7 +55,7 @@ def items_to_requeue(redis, broker_lost: bool) -> list[int]:  # type: ignore[no-
     owners = sorted({liveness.worker_of(r.owner) for r in rows if r.owner})
     alive = liveness.alive(redis, owners)
 
-    def lost(row) -> bool:  # type: ignore[no-untyped-def]
+    def lost(row: Row) -> bool:
         if row.status == ItemStatus.QUEUED:
             return True
         expired = row.lease_until is None or as_utc(row.lease_until) < now
@@ -78,7 +79,7 @@ def requeue(item_ids: list[int], enqueue: Enqueue) -> int:
     return len(item_ids)
 
 
-def sweep(redis, enqueue: Enqueue, dispatch_run: Callable[[str], object]) -> int:  # type: ignore[no-untyped-def]
+def sweep(redis: Redis, enqueue: Enqueue, dispatch_run: Callable[[str], object]) -> int:
     """One pass. Returns how many items went back to the queue."""
     broker_lost = bool(redis.set(EPOCH_KEY, "1", nx=True))
     lost = items_to_requeue(redis, broker_lost)
@@ -96,7 +97,9 @@ def sweep(redis, enqueue: Enqueue, dispatch_run: Callable[[str], object]) -> int
     return count
 
 
-def try_sweep(redis, interval: float, enqueue: Enqueue, dispatch_run) -> None:  # type: ignore[no-untyped-def]
+def try_sweep(
+    redis: Redis, interval: float, enqueue: Enqueue, dispatch_run: Callable[[str], object]
+) -> None:
     """Sweep if no other worker did within the interval."""
     if redis.set(LOCK_KEY, liveness.WORKER_ID, nx=True, px=max(100, int(interval * 900))):
         sweep(redis, enqueue, dispatch_run)

@@ -21,7 +21,7 @@ from tests.integration.faults import (
     wait_until,
 )
 from tests.services import (
-    PostgresDatabase,
+    migrated_database,
     start_api,
     start_worker,
     wait_for_run,
@@ -36,11 +36,8 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def pg_database() -> Iterator[str]:
     """This module's own database: no other test's runs for its workers to pick up."""
-    from recallq import migrate
-
-    with PostgresDatabase() as database:
-        migrate.upgrade(database.url)
-        yield database.url
+    with migrated_database() as url:
+        yield url
 
 
 @pytest.fixture(scope="module")

@@ -37,7 +37,7 @@ def _skip_pricing_of_unpriced_models() -> None:
     if original is None or getattr(original, "_recallq", False):
         return
 
-    def response_cost_calculator(self, result, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def response_cost_calculator(self: Any, result: Any, *args: Any, **kwargs: Any) -> Any:
         name = kwargs.get("litellm_model_name") or getattr(self, "model", None)
         if name in _UNPRICED:
             return None

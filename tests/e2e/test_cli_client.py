@@ -1,0 +1,70 @@
+"""`recallq submit / status / results / cancel / retry` against a running API and worker."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.services import REPO, start_api, start_worker
+
+
+@pytest.fixture(scope="module")
+def api_url(service_env: dict[str, str]) -> Iterator[str]:
+    worker = start_worker(service_env, concurrency=4)
+    api, url = start_api(service_env)
+    yield url
+    api.stop()
+    worker.stop()
+
+
+def recallq(*args: str, api: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "RECALLQ_API_URL": api}
+    return subprocess.run(
+        [sys.executable, "-m", "recallq.cli", *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_submit_wait_status_and_results(api_url: str, tmp_path: Path) -> None:
+    data = REPO / "examples" / "eval_set.jsonl"
+    submitted = recallq("submit", str(data), "--name", "cli", "--wait", api=api_url)
+    assert submitted.returncode == 0, submitted.stderr
+    run_id = submitted.stdout.splitlines()[0]
+    final = json.loads(submitted.stdout.split("\n", 1)[1])
+    assert final["status"] == "completed" and final["counts"]["succeeded"] == 24
+
+    status = recallq("status", run_id, api=api_url)
+    assert json.loads(status.stdout)["id"] == run_id
+
+    out = tmp_path / "results.csv"
+    results = recallq("results", run_id, "--format", "csv", "--out", str(out), api=api_url)
+    assert results.returncode == 0, results.stderr
+    rows = list(csv.DictReader(io.StringIO(out.read_text())))
+    assert len(rows) == 24 and {r["status"] for r in rows} == {"succeeded"}
+
+    retried = recallq("retry", run_id, api=api_url)
+    assert json.loads(retried.stdout)["retried_items"] == 0
+    cancelled = recallq("cancel", run_id, api=api_url)
+    assert json.loads(cancelled.stdout)["status"] == "completed"  # already ended: unchanged
+
+
+def test_errors_are_reported_without_a_traceback(api_url: str, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "a", "ground_truth": "x"}\n')  # no context anywhere
+    submitted = recallq("submit", str(bad), api=api_url)
+    assert submitted.returncode == 1
+    assert "422 no_context" in submitted.stderr and "Traceback" not in submitted.stderr
+    missing = recallq("status", "no-such-run", api=api_url)
+    assert missing.returncode == 1 and "404 not_found" in missing.stderr

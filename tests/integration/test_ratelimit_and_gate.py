@@ -1,0 +1,110 @@
+"""The shared rate limiter and the cancel gate, on a real Redis."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import redis
+
+from tests.services import redis_database
+from worker.gate import RedisCallGate, RunCancelled, current_run
+from worker.judge.base import RateLimited
+from worker.ratelimit import RedisRateLimiter
+
+
+@pytest.fixture()
+def client() -> redis.Redis:
+    return redis.Redis.from_url(redis_database(12))
+
+
+def _stamps(limiter: RedisRateLimiter, threads: int, calls: int, tokens: int = 10) -> list[float]:
+    stamps: list[float] = []
+    lock = threading.Lock()
+
+    def run() -> None:
+        for _ in range(calls):
+            limiter.acquire("m", tokens)
+            with lock:
+                stamps.append(time.monotonic())
+
+    workers = [threading.Thread(target=run) for _ in range(threads)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    return sorted(stamps)
+
+
+def test_requests_are_spaced_evenly_across_callers(client) -> None:  # type: ignore[no-untyped-def]
+    limiter = RedisRateLimiter(client, rpm=600, tpm=None, utilisation=1.0)
+    stamps = _stamps(limiter, threads=6, calls=5)
+    gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
+    assert min(gaps) >= 0.09  # 600/min: one every 100 ms, no burst
+    assert (stamps[-1] - stamps[0]) == pytest.approx(2.9, abs=0.15)
+
+
+def test_tokens_per_minute_and_correction_after_the_call(client) -> None:  # type: ignore[no-untyped-def]
+    limiter = RedisRateLimiter(client, rpm=None, tpm=6000, utilisation=1.0)  # 100 tokens/s
+    limiter.acquire("m", 50)
+    start = time.monotonic()
+    limiter.acquire("m", 50)  # waits for the first call's 50 tokens: 0.5 s
+    assert time.monotonic() - start == pytest.approx(0.5, abs=0.08)
+    limiter.settle("m", estimated=50, actual=10)  # the call used fewer: 0.4 s handed back
+    start = time.monotonic()
+    limiter.acquire("m", 10)
+    assert time.monotonic() - start < 0.2
+
+
+def test_a_long_wait_gives_the_slot_back(client) -> None:  # type: ignore[no-untyped-def]
+    limiter = RedisRateLimiter(client, rpm=60, tpm=None, max_wait=0.5, utilisation=1.0)
+    limiter.acquire("m", 1)
+    with pytest.raises(RateLimited) as refused:
+        limiter.acquire("m", 1)
+    assert refused.value.delay == pytest.approx(1.0, abs=0.1)
+
+
+def test_a_provider_429_halts_every_caller_then_rate_recovers(client) -> None:  # type: ignore[no-untyped-def]
+    first = RedisRateLimiter(client, rpm=6000, tpm=None, utilisation=1.0)
+    second = RedisRateLimiter(client, rpm=6000, tpm=None, utilisation=1.0)  # another worker
+    first.penalise("m", retry_after=0.5)
+    start = time.monotonic()
+    second.acquire("m", 1)
+    assert time.monotonic() - start == pytest.approx(0.5, abs=0.08)
+    # the rate is halved (20 ms between calls instead of 10) and recovers over 30 s
+    stamps = _stamps(second, threads=1, calls=11)
+    assert (stamps[-1] - stamps[0]) / 10 >= 0.017
+
+
+def test_the_gate_refuses_calls_of_a_cancelled_run_and_waits_for_open_ones(client) -> None:  # type: ignore[no-untyped-def]
+    gate = RedisCallGate(client, call_timeout=30)
+    token = current_run.set("run-1")
+    try:
+        release = threading.Event()
+        inside = threading.Event()
+
+        def long_call() -> None:
+            current_run.set("run-1")
+            with gate.call():
+                inside.set()
+                release.wait(5)
+
+        caller = threading.Thread(target=long_call)
+        caller.start()
+        inside.wait(5)
+        gate.close("run-1")
+        with pytest.raises(RunCancelled), gate.call():
+            pass
+        assert gate.wait_idle("run-1", wait=0.2) == 1  # the open call is still running
+        release.set()
+        caller.join()
+        assert gate.wait_idle("run-1", wait=2) == 0
+    finally:
+        current_run.reset(token)
+    other = current_run.set("run-2")  # other runs are unaffected
+    try:
+        with gate.call():
+            pass
+    finally:
+        current_run.reset(other)

@@ -206,12 +206,9 @@ def cancel_run(run_id: str, project: Project) -> dict[str, Any]:
 
     settings = get_settings()
     with session_scope() as session:
-        _run_or_404(session, run_id, project)
-    gate = RedisCallGate(redis_client(), settings.request_timeout)
-    gate.close(run_id)
-    with session_scope() as session:
         run = _run_or_404(session, run_id, project, lock=True)
-        if run.status not in RunStatus.ENDED:
+        cancelling = run.status not in RunStatus.ENDED
+        if cancelling:
             run.status, run.finished_at = RunStatus.CANCELLED, utcnow()
             update_items(
                 session,
@@ -223,9 +220,14 @@ def cancel_run(run_id: str, project: Project) -> dict[str, Any]:
                     "lease_until": None,
                 },
             )
-    still_open = gate.wait_idle(run_id, settings.cancel_wait)
-    if still_open:
-        log.warning("run %s cancelled with %d judge call(s) still in flight", run_id, still_open)
+    # Workers see the cancel in the database before their next stage; the gate stops the
+    # calls of stages already past that check, and waits for the calls already sent.
+    if cancelling:
+        gate = RedisCallGate(redis_client(), settings.request_timeout)
+        gate.close(run_id)
+        still_open = gate.wait_idle(run_id, settings.cancel_wait)
+        if still_open:
+            log.warning("run %s cancelled with %d call(s) still in flight", run_id, still_open)
     with session_scope() as session:
         return queries.run_view(session, _run_or_404(session, run_id, project))
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from bench import harness, metrics
 
-Row = tuple[str, str, str, str]
+Row = tuple[str, ...]
 
 
 def throughput(workers: int, args: argparse.Namespace) -> dict[str, Any]:
@@ -98,6 +98,7 @@ def submission_and_big_run(args: argparse.Namespace) -> dict[str, Any]:
             results[size] = {"run": run_id}
             if size != args.big:  # only its submission is measured
                 httpx.post(f"{url}/v1/runs/{run_id}/cancel", timeout=120)
+                results["reads"] = (size, metrics.read_latencies(url, run_id))
         if args.big:
             big_run = harness.wait(url, results[args.big]["run"])
             cpu = sum(harness.cpu_seconds(p) for p in procs) - cpu_before
@@ -114,7 +115,7 @@ def submission_and_big_run(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def print_table(title: str, rows: list[Row]) -> None:
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     print(f"\n{title}")
     for i, row in enumerate(rows):
         print("  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)))
@@ -134,11 +135,30 @@ def main() -> None:
     parser.add_argument("--cache-items", type=int, default=300)
     parser.add_argument("--big", type=int, default=100_000, help="items of the big run (0: skip)")
     parser.add_argument("--submit-sizes", type=int, nargs="*", default=[10_000, 100_000])
+    parser.add_argument(
+        "--sections",
+        nargs="+",
+        default=["throughput", "limit", "cache", "big"],
+        choices=["throughput", "limit", "cache", "big"],
+    )
     parser.add_argument("--big-latency-ms", type=float, default=20)
     parser.add_argument("--big-concurrency", type=int, default=16)
     args = parser.parse_args()
 
-    rows: list[Row] = [("workers", "items/s", "in-flight bound", "worker CPU ms/item")]
+    if "throughput" in args.sections:
+        throughput_table(args)
+    if "limit" in args.sections:
+        limit_table(args)
+    if "cache" in args.sections:
+        cache_table(args)
+    if "big" in args.sections:
+        big_tables(args)
+
+
+def throughput_table(args: argparse.Namespace) -> None:
+    rows: list[Row] = [
+        ("workers", "items/s", "in-flight bound", "worker CPU ms/item", "LLM calls/item")
+    ]
     base = None
     for workers in args.workers:
         r = throughput(workers, args)
@@ -149,6 +169,7 @@ def main() -> None:
                 f"{r['items_per_s']:.1f} ({r['items_per_s'] / base:.2f}x of 1)",
                 f"{r['bound']:.0f} items/s ({r['items_per_s'] / r['bound']:.0%})",
                 f"{r['cpu_ms']:.1f}",
+                f"{r['calls_per_item']:.2f}",
             )
         )
     print_table(
@@ -157,6 +178,8 @@ def main() -> None:
         rows,
     )
 
+
+def limit_table(args: argparse.Namespace) -> None:
     limited = rate_limited(args)
     print_table(
         f"Provider limit {args.rpm} requests/min enforced by the stub, 2 workers",
@@ -171,6 +194,8 @@ def main() -> None:
         ],
     )
 
+
+def cache_table(args: argparse.Namespace) -> None:
     first, again, hits = claim_cache(args)
     print_table(
         "Claim cache (same eval set run twice)",
@@ -179,11 +204,28 @@ def main() -> None:
             (f"{first:.2f}", f"{again:.2f}", str(hits), ""),
         ],
     )
+
+
+def big_tables(args: argparse.Namespace) -> None:
     big = submission_and_big_run(args)
     rows = [("items", "submission s", "API memory growth MB", "")]
     for size, seconds, growth in big["submissions"]:
         rows.append((str(size), f"{seconds:.1f}", f"{growth:.1f}", ""))
     print_table("NDJSON submission over HTTP (the API's resident memory, sampled)", rows)
+    size, reads = big["reads"]
+    print_table(
+        f"Reads on a {size}-item run (best of 5, ms)",
+        [
+            ("run view", "first page", "page half-way (cursor)", "page by status", "stream all"),
+            (
+                f"{reads['run_view_ms']:.0f}",
+                f"{reads['first_page_ms']:.0f}",
+                f"{reads['deep_page_ms']:.0f}",
+                f"{reads['status_page_ms']:.0f}",
+                f"{reads['stream_s']:.1f} s ({reads['streamed']} lines)",
+            ),
+        ],
+    )
     print_table(
         "CPU floor of one judge call (in-process, against the stub)",
         [

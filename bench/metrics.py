@@ -108,3 +108,37 @@ def accepted_rate_per_minute(calls: list[dict[str, Any]]) -> tuple[float, int, i
     if len(accepted) < 2:
         return 0.0, len(accepted), refused
     return (len(accepted) - 1) / (accepted[-1] - accepted[0]) * 60, len(accepted), refused
+
+
+def read_latencies(api: str, run_id: str, repeats: int = 5) -> dict[str, float]:
+    """Milliseconds for the reads a client makes on a large run (best of `repeats`), and
+    seconds to stream every item of it."""
+    with httpx.Client(base_url=api, timeout=600) as client:
+        total = client.get(f"/v1/runs/{run_id}").json()["counts"]["total"]
+
+        def best(path: str, **params: Any) -> float:
+            times = []
+            for _ in range(repeats):
+                start = time.perf_counter()
+                response = client.get(path, params=params)
+                response.raise_for_status()
+                times.append(time.perf_counter() - start)
+            return min(times) * 1000
+
+        deep = client.get(f"/v1/runs/{run_id}/items", params={"limit": 1000}).json()
+        for _ in range(total // 2000):  # walk half-way in with the cursor
+            deep = client.get(
+                f"/v1/runs/{run_id}/items", params={"limit": 1000, "cursor": deep["next_cursor"]}
+            ).json()
+        result = {
+            "run_view_ms": best(f"/v1/runs/{run_id}"),
+            "first_page_ms": best(f"/v1/runs/{run_id}/items", limit=100),
+            "deep_page_ms": best(f"/v1/runs/{run_id}/items", limit=100, cursor=deep["next_cursor"]),
+            "status_page_ms": best(f"/v1/runs/{run_id}/items", limit=100, status="failed"),
+        }
+        start = time.perf_counter()
+        with client.stream("GET", f"/v1/runs/{run_id}/results") as response:
+            lines = sum(chunk.count(b"\n") for chunk in response.iter_bytes())
+        result["stream_s"] = time.perf_counter() - start
+        result["streamed"] = lines
+    return result

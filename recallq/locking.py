@@ -23,15 +23,19 @@ def update_items(
     (a cancel and the reaper, say) never wait on each other in a cycle. With skip_locked,
     items another transaction holds right now are left for a later pass.
     """
-    ids = list(
+    locked = (
+        select(Item.id)
+        .where(*conditions)
+        .order_by(Item.id)
+        .limit(limit)
+        .with_for_update(skip_locked=skip_locked)
+    )
+    # one statement whatever the count (a list of ids would hit the driver's parameter limit)
+    return list(
         session.scalars(
-            select(Item.id)
-            .where(*conditions)
-            .order_by(Item.id)
-            .limit(limit)
-            .with_for_update(skip_locked=skip_locked)
+            update(Item)
+            .where(Item.id.in_(locked.scalar_subquery()))
+            .values(**values)
+            .returning(Item.id)
         )
     )
-    if ids:
-        session.execute(update(Item).where(Item.id.in_(ids)).values(**values))
-    return ids

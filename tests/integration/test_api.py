@@ -154,3 +154,20 @@ def test_health_and_readiness(api: str) -> None:
     assert httpx.get(f"{api}/healthz").json() == {"status": "ok"}
     ready = httpx.get(f"{api}/readyz")
     assert ready.status_code == 200 and ready.json()["checks"] == {"database": "ok", "redis": "ok"}
+
+
+def test_a_large_run_submits_and_cancels_in_one_piece(api: str) -> None:
+    """70,000 items: more than one statement's parameter limit, so nothing may list them."""
+    n = 70_000
+    lines = "".join(json.dumps({"id": f"i{i}", "context": ["c"]}) + "\n" for i in range(n))
+    response = httpx.post(
+        f"{api}/v1/runs",
+        content=lines.encode(),
+        headers={"content-type": "application/x-ndjson"},
+        timeout=300,
+    )
+    assert response.status_code == 202, response.text
+    run_id = response.json()["id"]
+    cancelled = httpx.post(f"{api}/v1/runs/{run_id}/cancel", timeout=300)
+    assert cancelled.status_code == 200, cancelled.text
+    assert cancelled.json()["counts"]["cancelled"] == n

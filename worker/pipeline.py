@@ -234,6 +234,16 @@ def complete_run_if_done(run_id: str) -> bool:
         return bool(conn.execute(COMPLETE_RUN, {"b_run": run_id, "b_now": utcnow()}).rowcount)
 
 
+def expire_lease(item_id: int) -> None:
+    """Best effort: make a running item due for the reaper now."""
+    try:
+        with transaction() as conn:
+            soon = {"lease_until": lease_from_now(1)}
+            _run_item_update(conn, item_id, soon, status=ItemStatus.RUNNING)
+    except Exception:  # noqa: BLE001  (called while handling an outage)
+        log.warning("could not expire the lease of item %s", item_id, exc_info=True)
+
+
 def _release_next(conn: Connection, run_id: str) -> list[int]:
     """The next pending item of a running run becomes queued (its message is the caller's)."""
     params = {"b_run": run_id, "b_lease": queue_lease()}

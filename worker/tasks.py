@@ -43,6 +43,10 @@ def requeue_on_outage(task: Callable[..., Any]) -> Callable[..., Any]:
             return task(*args, **kwargs)
         except OUTAGES as exc:
             log.warning("%s: service unavailable (%s); message goes back", task.__name__, exc)
+            if isinstance(exc, redis.ConnectionError) and isinstance(args[-1], int):
+                # a broker that is down may lose the message handed back: let the reaper
+                # resend it soon instead of waiting for the stage's lease to run out
+                pipeline.expire_lease(args[-1])
             time.sleep(OUTAGE_PAUSE)
             raise Reject(str(exc), requeue=True) from exc
 

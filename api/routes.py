@@ -6,11 +6,9 @@ import base64
 import json
 import logging
 from collections.abc import Iterator
-from functools import lru_cache
 from typing import Annotated, Any, Literal
 
 import anyio.to_thread
-import redis
 from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 from sqlalchemy import text
@@ -25,16 +23,12 @@ from recallq.locking import update_items
 from recallq.model_registry import load_models
 from recallq.models import Item, ItemStatus, Run, RunStatus, utcnow
 from recallq.settings import get_settings
+from worker.judges import redis_client
 
 log = logging.getLogger(__name__)
 router = APIRouter()
 Project = Annotated[str, Depends(current_project)]
 NDJSON = "application/x-ndjson"
-
-
-@lru_cache
-def redis_client() -> redis.Redis:
-    return redis.Redis.from_url(get_settings().redis_url, socket_timeout=5)
 
 
 def queue_run(run_id: str) -> None:

@@ -14,6 +14,15 @@ from recallq.settings import get_settings
 
 _lock = threading.Lock()
 _sessionmakers: dict[str, sessionmaker[Session]] = {}
+_pre_ping = True
+
+
+def skip_pre_ping() -> None:
+    """For workers: no liveness ping (a round trip) before each transaction. A connection
+    that died with a database restart fails its statement instead, SQLAlchemy then discards
+    the whole pool, and the worker hands the message back (see worker.tasks)."""
+    global _pre_ping
+    _pre_ping = False
 
 
 def is_sqlite(url: str) -> bool:
@@ -22,7 +31,7 @@ def is_sqlite(url: str) -> bool:
 
 def make_engine(url: str) -> Engine:
     if not is_sqlite(url):
-        return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=40)
+        return create_engine(url, pool_pre_ping=_pre_ping, pool_size=10, max_overflow=40)
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
 
     @event.listens_for(engine, "connect")

@@ -20,12 +20,15 @@ import sqlalchemy.exc
 from celery import Task, chain, signals
 from celery.exceptions import Reject
 
+from recallq import db
 from recallq.settings import get_settings
 from worker import liveness, pipeline, reaper
 from worker.celery_app import DISPATCH_TASK, app
 from worker.judges import is_local_mode, redis_client
 
 log = logging.getLogger(__name__)
+
+db.skip_pre_ping()
 
 OUTAGES = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, redis.ConnectionError)
 OUTAGE_PAUSE = 2.0

@@ -6,6 +6,7 @@ retries are switched off here so attempts never multiply.
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -22,6 +23,10 @@ import litellm  # noqa: E402  (after the env var above: no network fetch of the 
 from litellm.litellm_core_utils import litellm_logging  # noqa: E402
 
 litellm.suppress_debug_info = True
+# litellm logs several INFO lines per call (and Celery's worker echoes its handler's output a
+# second time): at this volume that is CPU spent on noise. Its warnings still come through.
+for _name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
+    logging.getLogger(_name).setLevel(logging.WARNING)
 litellm.telemetry = False
 litellm.drop_params = True  # providers without json_schema get JSON mode or prompt-only
 

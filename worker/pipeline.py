@@ -19,7 +19,7 @@ import hashlib
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import lru_cache
 from typing import Any
@@ -102,7 +102,7 @@ ATTRIBUTION_START = (
         items.c.owner == bindparam("b_owner"),
         items.c.status == ItemStatus.RUNNING,
     )
-    .values(lease_until=bindparam("b_lease"))
+    .values(owner=bindparam("b_new_owner"), lease_until=bindparam("b_lease"))
     .returning(items.c.contexts)
 )
 RELEASE_NEXT = (
@@ -366,12 +366,22 @@ def _stored_claims(conn: Connection, item_id: int) -> list[str]:
 
 
 def attribute(taken: Taken) -> Ended | None:
+    """Verdicts, score and reason. The stage takes the item over under a token of the worker
+    running it (often not the one that extracted), so the reaper follows this worker's
+    heartbeat, and a duplicate of this message finds the item no longer its own."""
     texts = taken.claims or []
+    owner = new_owner_token()
     with transaction() as conn:
-        params = {"b_id": taken.item_id, "b_owner": taken.owner, "b_lease": lease_from_now()}
+        params = {
+            "b_id": taken.item_id,
+            "b_owner": taken.owner,
+            "b_new_owner": owner,
+            "b_lease": lease_from_now(),
+        }
         row = conn.execute(ATTRIBUTION_START, params).one_or_none()
     if row is None:
         return None  # not ours any more: cancelled, ended, or taken over
+    taken = replace(taken, owner=owner)
     contexts = list(row.contexts)
     now = utcnow()
     if not contexts:

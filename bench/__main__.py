@@ -44,6 +44,28 @@ def throughput(workers: int, args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def cpu_split(args: argparse.Namespace) -> dict[str, float]:
+    """Worker CPU per item on one worker, with the stub judge (two HTTP calls through litellm)
+    and with the offline local/lexical judge (the same queue and database work, no HTTP)."""
+    result = {}
+    with harness.environment(args.big_latency_ms) as env:
+        procs = [harness.start_worker(env["env"], args.big_concurrency)]
+        api, url = harness.start_api(env["env"])
+        for model in (harness.MODEL, "local/lexical"):
+            warm, _ = harness.submit_file(url, harness.ndjson_file(8, "w" + model[:5], env["dir"]))
+            harness.wait(url, warm)
+            n = args.cpu_items
+            path = harness.ndjson_file(n, "cpu" + model[:5], env["dir"])
+            before = harness.cpu_seconds(procs[0])
+            harness.wait(url, harness.submit_file(url, path, model=model)[0])
+            result[model] = (harness.cpu_seconds(procs[0]) - before) / n * 1000
+        result["raw_ms"] = metrics.raw_http_cpu_ms(env["stub"].base_url)
+        result["litellm_ms"] = metrics.litellm_cpu_ms(env["stub"].base_url)
+        for p in [api, *procs]:
+            p.stop()
+    return result
+
+
 def rate_limited(args: argparse.Namespace) -> dict[str, Any]:
     with harness.environment(50, rpm=args.rpm) as env:
         env["stub"].configure(rpm_limit=args.rpm)
@@ -107,8 +129,6 @@ def submission_and_big_run(args: argparse.Namespace) -> dict[str, Any]:
                 "cpu_ms": cpu / args.big * 1000,
                 "calls": big_run["usage"]["llm_calls"] / args.big,
             }
-        results["raw_ms"] = metrics.raw_http_cpu_ms(env["stub"].base_url)
-        results["litellm_ms"] = metrics.litellm_cpu_ms(env["stub"].base_url)
         for p in [api, *procs]:
             p.stop()
     return results
@@ -135,11 +155,12 @@ def main() -> None:
     parser.add_argument("--cache-items", type=int, default=300)
     parser.add_argument("--big", type=int, default=100_000, help="items of the big run (0: skip)")
     parser.add_argument("--submit-sizes", type=int, nargs="*", default=[10_000, 100_000])
+    parser.add_argument("--cpu-items", type=int, default=2000, help="items per judge, cpu")
     parser.add_argument(
         "--sections",
         nargs="+",
-        default=["throughput", "limit", "cache", "big"],
-        choices=["throughput", "limit", "cache", "big"],
+        default=["throughput", "cpu", "limit", "cache", "big"],
+        choices=["throughput", "cpu", "limit", "cache", "big"],
     )
     parser.add_argument("--big-latency-ms", type=float, default=20)
     parser.add_argument("--big-concurrency", type=int, default=16)
@@ -147,6 +168,8 @@ def main() -> None:
 
     if "throughput" in args.sections:
         throughput_table(args)
+    if "cpu" in args.sections:
+        cpu_table(args)
     if "limit" in args.sections:
         limit_table(args)
     if "cache" in args.sections:
@@ -176,6 +199,33 @@ def throughput_table(args: argparse.Namespace) -> None:
         f"Throughput, stub latency {args.latency_ms:.0f} ms, {args.concurrency} threads/worker, "
         "2 calls/item (bound = workers x threads / latency / 2)",
         rows,
+    )
+
+
+def cpu_table(args: argparse.Namespace) -> None:
+    split = cpu_split(args)
+    llm, lexical = split[harness.MODEL], split["local/lexical"]
+    print_table(
+        f"Worker CPU per item, 1 worker x {args.big_concurrency} threads, "
+        f"{args.cpu_items} items per judge, stub latency {args.big_latency_ms:.0f} ms",
+        [
+            ("judge", "worker CPU ms/item", "what it holds", ""),
+            (harness.MODEL, f"{llm:.1f}", "2 HTTP calls via litellm + queue + database", ""),
+            ("local/lexical", f"{lexical:.1f}", "queue + database, no HTTP", ""),
+            ("difference", f"{llm - lexical:.1f}", "the two judge calls in a busy worker", ""),
+        ],
+    )
+    print_table(
+        "CPU of one judge call, in-process against the stub",
+        [
+            ("raw httpx POST (floor)", "recallq's litellm judge", "2 calls raw / litellm", ""),
+            (
+                f"{split['raw_ms']:.2f} ms",
+                f"{split['litellm_ms']:.2f} ms",
+                f"{2 * split['raw_ms']:.1f} / {2 * split['litellm_ms']:.1f} ms",
+                "",
+            ),
+        ],
     )
 
 
@@ -223,18 +273,6 @@ def big_tables(args: argparse.Namespace) -> None:
                 f"{reads['deep_page_ms']:.0f}",
                 f"{reads['status_page_ms']:.0f}",
                 f"{reads['stream_s']:.1f} s ({reads['streamed']} lines)",
-            ),
-        ],
-    )
-    print_table(
-        "CPU floor of one judge call (in-process, against the stub)",
-        [
-            ("raw httpx ms/call", "recallq litellm judge ms/call", "2 calls raw / litellm", ""),
-            (
-                f"{big['raw_ms']:.2f}",
-                f"{big['litellm_ms']:.2f}",
-                f"{2 * big['raw_ms']:.1f} / {2 * big['litellm_ms']:.1f} ms",
-                "",
             ),
         ],
     )

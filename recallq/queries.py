@@ -20,13 +20,12 @@ def _iso(value: Any) -> str | None:
 
 
 def run_view(session: Session, run: Run) -> dict[str, Any]:
-    counts = dict.fromkeys(ItemStatus.ALL, 0)
-    for status, n in session.execute(
-        select(Item.status, func.count()).where(Item.run_id == run.id).group_by(Item.status)
-    ):
-        counts[status] = n
-    totals = session.execute(
+    # one scan of the run's items for counts, summary and usage (a 100k-item run is read
+    # by every status poll)
+    statuses = list(ItemStatus.ALL)
+    row = session.execute(
         select(
+            *(func.count().filter(Item.status == status) for status in statuses),
             func.avg(Item.score).filter(Item.status == ItemStatus.SUCCEEDED),
             func.count(Item.score).filter(Item.status == ItemStatus.SUCCEEDED),
             func.coalesce(func.sum(Item.claims_total), 0),
@@ -38,6 +37,8 @@ def run_view(session: Session, run: Run) -> dict[str, Any]:
             func.coalesce(func.sum(Item.cache_hits), 0),
         ).where(Item.run_id == run.id)
     ).one()
+    counts = dict(zip(statuses, row[: len(statuses)], strict=True))
+    totals = row[len(statuses) :]
     mean, scored, claims_total, claims_attributed, calls, prompt, completion, cost, hits = totals
     return {
         "id": run.id,

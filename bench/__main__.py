@@ -99,8 +99,8 @@ def claim_cache(args: argparse.Namespace) -> tuple[float, float, int]:
 
 
 def submission_and_big_run(args: argparse.Namespace) -> dict[str, Any]:
-    """NDJSON submissions of 10k and of the big run, measured at the API; then the big run
-    is scored by two workers that were running all along."""
+    """NDJSON submissions (10k, 100k) measured at the API; the big run's submission is one of
+    them, scored by two workers that were running all along, then read back."""
     import httpx
 
     results: dict[str, Any] = {}
@@ -109,26 +109,31 @@ def submission_and_big_run(args: argparse.Namespace) -> dict[str, Any]:
         procs = [harness.start_worker(env["env"], args.big_concurrency) for _ in range(2)]
         warm, _ = harness.submit_file(url, harness.ndjson_file(8, "warm", env["dir"]))
         harness.wait(url, warm)  # litellm loaded in both workers before anything is timed
-        sizes = list(args.submit_sizes) + ([args.big] if args.big else [])
+        sizes = sorted(set(args.submit_sizes) | ({args.big} if args.big else set()))
         for size in sizes:
             path = harness.ndjson_file(size, f"s{size}", env["dir"])
             memory = metrics.PeakMemory(api.proc.pid)
             if size == args.big:
                 cpu_before = sum(harness.cpu_seconds(p) for p in procs)
             run_id, seconds = harness.submit_file(url, path)
-            results.setdefault("submissions", []).append((size, seconds, memory.stop()))
-            results[size] = {"run": run_id}
-            if size != args.big:  # only its submission is measured
+            growth = memory.stop()
+            results.setdefault("submissions", []).append((size, seconds, growth))
+            print(f"  (submitted {size} items: {seconds:.1f} s, API +{growth:.1f} MB)", flush=True)
+            if size == args.big:
+                big_id = run_id
+            else:  # only its submission is measured
                 httpx.post(f"{url}/v1/runs/{run_id}/cancel", timeout=120)
                 results["reads"] = (size, metrics.read_latencies(url, run_id))
         if args.big:
-            big_run = harness.wait(url, results[args.big]["run"])
+            big_run = harness.wait(url, big_id)
             cpu = sum(harness.cpu_seconds(p) for p in procs) - cpu_before
-            results["big"] = metrics.item_latencies(env["db"], results[args.big]["run"]) | {
+            results["big"] = metrics.item_latencies(env["db"], big_id) | {
                 "counts": big_run["counts"],
                 "cpu_ms": cpu / args.big * 1000,
                 "calls": big_run["usage"]["llm_calls"] / args.big,
             }
+            # reads of the scored run: every item with its claims
+            results["reads"] = (args.big, metrics.read_latencies(url, big_id))
         for p in [api, *procs]:
             p.stop()
     return results

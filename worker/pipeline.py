@@ -27,6 +27,7 @@ from typing import Any
 from sqlalchemy import (
     Connection,
     Insert,
+    Table,
     Update,
     and_,
     bindparam,
@@ -35,6 +36,7 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -79,6 +81,7 @@ TAKE_READ = (
         items.c.status,
         items.c.owner,
         items.c.lease_until,
+        items.c.started_at,
         items.c.ground_truth,
         items.c.run_id,
         runs.c.status.label("run_status"),
@@ -170,21 +173,24 @@ def _run_item_update(
     return conn.execute(statement, params).rowcount
 
 
+def _insert(dialect: str, table: Table) -> postgresql.Insert | sqlite.Insert:
+    """INSERT with the dialect's ON CONFLICT support (Postgres, or SQLite in local mode)."""
+    return (pg_insert if dialect == "postgresql" else sqlite_insert)(table)
+
+
 @lru_cache
 def _claims_insert(dialect: str) -> Insert:
-    insert = pg_insert if dialect == "postgresql" else sqlite_insert
-    return insert(claims_table).on_conflict_do_nothing().returning(claims_table.c.idx)
+    return _insert(dialect, claims_table).on_conflict_do_nothing().returning(claims_table.c.idx)
 
 
 @lru_cache
 def _cache_insert(dialect: str) -> Insert:
-    insert = pg_insert if dialect == "postgresql" else sqlite_insert
-    return insert(cache).on_conflict_do_nothing()
+    return _insert(dialect, cache).on_conflict_do_nothing()
 
 
 @lru_cache
 def _verdicts_upsert(dialect: str) -> Insert:
-    insert = (pg_insert if dialect == "postgresql" else sqlite_insert)(claims_table)
+    insert = _insert(dialect, claims_table)
     return insert.on_conflict_do_update(
         index_elements=["item_id", "idx"],
         set_={
@@ -309,7 +315,7 @@ def take(item_id: int, holder_alive: Callable[[str], bool]) -> Taken | Ended | N
             "lease_until": lease_from_now(),
             "attempts": 1,
         }
-        if row.status != ItemStatus.RUNNING:
+        if row.started_at is None:  # first taking; a retaken item keeps when it started
             values["started_at"] = now
         if row.ground_truth is None:
             values |= _outcome_values(scoring.no_ground_truth(), now)

@@ -124,3 +124,24 @@ def test_a_duplicate_attribution_message_makes_no_second_call(
         item = session.get(Item, item_id)
         assert item is not None
         assert item.status == ItemStatus.SUCCEEDED and item.llm_calls == 2
+
+
+def test_an_item_taken_again_keeps_when_it_first_started(
+    stage_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    item_id = _queued_item()
+    first = pipeline.take(item_id, lambda owner: True)
+    assert isinstance(first, pipeline.Taken)
+    with db.session_scope() as session:
+        item = session.get(Item, item_id)
+        assert item is not None and item.started_at is not None
+        started = item.started_at
+
+    reaper.requeue([item_id], lambda ids: None)  # its worker died: back to the queue
+    again = pipeline.take(item_id, lambda owner: False)
+
+    assert isinstance(again, pipeline.Taken) and again.owner != first.owner
+    with db.session_scope() as session:
+        item = session.get(Item, item_id)
+        assert item is not None
+        assert item.started_at == started and item.attempts == 2

@@ -24,12 +24,12 @@ def throughput(workers: int, args: argparse.Namespace) -> dict[str, Any]:
         warm, _ = harness.submit_file(url, harness.ndjson_file(workers * 4, "warm", env["dir"]))
         harness.wait(url, warm)
         n = args.items * workers
-        cpu_before = sum(harness.cpu_seconds(p) for p in procs)
+        cpu_before = harness.cpu_seconds(procs)
         started = time.perf_counter()
         run_id, _ = harness.submit_file(url, harness.ndjson_file(n, f"t{workers}", env["dir"]))
         run = harness.wait(url, run_id)
         elapsed = time.perf_counter() - started
-        cpu = sum(harness.cpu_seconds(p) for p in procs) - cpu_before
+        cpu = harness.cpu_seconds(procs) - cpu_before
         calls = run["usage"]["llm_calls"] / n
         for p in [api, *procs]:
             p.stop()
@@ -56,9 +56,9 @@ def cpu_split(args: argparse.Namespace) -> dict[str, float]:
             harness.wait(url, warm)
             n = args.cpu_items
             path = harness.ndjson_file(n, "cpu" + model[:5], env["dir"])
-            before = harness.cpu_seconds(procs[0])
+            before = harness.cpu_seconds(procs)
             harness.wait(url, harness.submit_file(url, path, model=model)[0])
-            result[model] = (harness.cpu_seconds(procs[0]) - before) / n * 1000
+            result[model] = (harness.cpu_seconds(procs) - before) / n * 1000
         result["raw_ms"] = metrics.raw_http_cpu_ms(env["stub"].base_url)
         result["litellm_ms"] = metrics.litellm_cpu_ms(env["stub"].base_url)
         for p in [api, *procs]:
@@ -114,7 +114,7 @@ def submission_and_big_run(args: argparse.Namespace) -> dict[str, Any]:
             path = harness.ndjson_file(size, f"s{size}", env["dir"])
             memory = metrics.PeakMemory(api.proc.pid)
             if size == args.big:
-                cpu_before = sum(harness.cpu_seconds(p) for p in procs)
+                cpu_before = harness.cpu_seconds(procs)
             run_id, seconds = harness.submit_file(url, path)
             growth = memory.stop()
             results.setdefault("submissions", []).append((size, seconds, growth))
@@ -126,7 +126,7 @@ def submission_and_big_run(args: argparse.Namespace) -> dict[str, Any]:
                 results["reads"] = (size, metrics.read_latencies(url, run_id))
         if args.big:
             big_run = harness.wait(url, big_id)
-            cpu = sum(harness.cpu_seconds(p) for p in procs) - cpu_before
+            cpu = harness.cpu_seconds(procs) - cpu_before
             results["big"] = metrics.item_latencies(env["db"], big_id) | {
                 "counts": big_run["counts"],
                 "cpu_ms": cpu / args.big * 1000,

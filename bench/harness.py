@@ -88,12 +88,14 @@ def wait(api: str, run_id: str) -> dict[str, Any]:
     return wait_for_run(api, run_id, timeout=4 * 3600)
 
 
-def cpu_seconds(process: Process) -> float:
-    proc = psutil.Process(process.proc.pid)
+def cpu_seconds(processes: list[Process]) -> float:
+    """User + system CPU of these recallq processes and their children, so far."""
     total = 0.0
-    for p in [proc, *proc.children(recursive=True)]:
-        times = p.cpu_times()
-        total += times.user + times.system
+    for process in processes:
+        proc = psutil.Process(process.proc.pid)
+        for p in [proc, *proc.children(recursive=True)]:
+            times = p.cpu_times()
+            total += times.user + times.system
     return total
 
 

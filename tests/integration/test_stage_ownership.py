@@ -19,7 +19,7 @@ from sqlalchemy import select
 from recallq import db, ingest
 from recallq.models import Item, ItemStatus
 from recallq.settings import get_settings
-from tests.services import redis_database
+from tests.services import migrated_database, redis_database
 from worker import judges, liveness, pipeline, reaper
 from worker.judge.base import JudgeReply, Usage
 
@@ -47,6 +47,13 @@ class ProbeJudge:
             for i in range(len(claims))
         ]
         return JudgeReply({"verdicts": verdicts}, Usage(llm_calls=1))
+
+
+@pytest.fixture(scope="module")
+def pg_database() -> Iterator[str]:
+    """This module's own database: the reaper's view must hold no other test's items."""
+    with migrated_database() as url:
+        yield url
 
 
 @pytest.fixture()

@@ -1,11 +1,15 @@
 """The litellm judge in-process against the stub server over HTTP: what it reports per call
 once litellm's per-call overhead is cut (no success-callback job, no price search for
-unpriced models, no INFO log lines)."""
+unpriced models, no INFO log lines, no event loop per call for service callbacks)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
+from collections.abc import Callable
 
+import litellm
 import pytest
 
 from recallq.model_registry import ModelConfig
@@ -37,3 +41,51 @@ def test_an_unpriced_model_costs_nothing_and_logs_nothing(
     assert reply.data["verdicts"][0]["verdict"] == "yes"
     assert reply.usage.llm_calls == 1 and reply.usage.cost_usd == 0
     assert not [r for r in caplog.records if r.name.startswith("LiteLLM")]
+
+
+def _count_event_loops(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    made: list[int] = []
+    original = asyncio.events.new_event_loop
+
+    def new_event_loop() -> asyncio.AbstractEventLoop:
+        made.append(1)
+        return original()
+
+    monkeypatch.setattr(asyncio.events, "new_event_loop", new_event_loop)
+    return made
+
+
+def _in_a_worker_thread(call: Callable[[], object]) -> None:
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            call()
+        except BaseException as exc:  # noqa: BLE001  (re-raised in the test's thread)
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    if errors:
+        raise errors[0]
+
+
+def test_calls_from_a_worker_thread_build_no_event_loop(
+    clean_stub, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    judge = _judge(clean_stub, "openai/stub-judge")
+    made = _count_event_loops(monkeypatch)
+    _in_a_worker_thread(lambda: [judge.extract_claims("Ada was born in 1815.") for _ in range(3)])
+    assert clean_stub.stats()["total"] == 3
+    assert made == []
+
+
+def test_a_registered_service_callback_still_gets_its_events(
+    clean_stub, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    judge = _judge(clean_stub, "openai/stub-judge")
+    monkeypatch.setattr(litellm, "service_callback", ["a-listener"])
+    made = _count_event_loops(monkeypatch)
+    _in_a_worker_thread(lambda: judge.extract_claims("Ada was born in 1815."))
+    assert made  # litellm's own dispatch ran (a thread without a loop gets a fresh one)

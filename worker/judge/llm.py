@@ -21,6 +21,7 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 import litellm  # noqa: E402  (after the env var above: no network fetch of the price map)
 from litellm._internal_context import internal_sub_call  # noqa: E402
+from litellm._service_logger import ServiceLogging  # noqa: E402
 from litellm.litellm_core_utils import litellm_logging  # noqa: E402
 
 litellm.suppress_debug_info = True
@@ -54,6 +55,26 @@ def _skip_pricing_of_unpriced_models() -> None:
 
 
 _skip_pricing_of_unpriced_models()
+
+
+def _skip_service_events_without_listeners() -> None:
+    """litellm times every provider request and hands the timing to its "service callbacks"
+    (Prometheus, Datadog, OTel). It does so through an event loop, and a worker thread has
+    none, so each call built and tore down a fresh loop (a socket pair, an epoll, a dozen
+    syscalls) for callbacks that recallq never registers. With none registered, skip it."""
+    original = ServiceLogging._dispatch_from_sync
+    if getattr(original, "_recallq", False):
+        return
+
+    def dispatch_from_sync(hook: Any) -> None:
+        if litellm.service_callback:
+            original(hook)
+
+    dispatch_from_sync._recallq = True  # type: ignore[attr-defined]
+    ServiceLogging._dispatch_from_sync = staticmethod(dispatch_from_sync)  # type: ignore[method-assign]
+
+
+_skip_service_events_without_listeners()
 
 # After every call litellm queues a job on its own thread pool that builds a logging payload
 # for success callbacks (about 0.4 ms of CPU, plus a thread hand-off). recallq registers no

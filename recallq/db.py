@@ -85,6 +85,20 @@ def transaction(url: str | None = None) -> Iterator[Connection]:
         yield conn
 
 
+@contextmanager
+def single_statement(url: str | None = None) -> Iterator[Connection]:
+    """For one statement, atomic on its own: on Postgres it runs in autocommit, one round trip
+    instead of three (BEGIN, the statement, COMMIT). SQLite keeps its write-locking
+    transaction (see make_engine)."""
+    engine = get_engine(url)
+    if engine.dialect.name != "postgresql":
+        with engine.begin() as conn:
+            yield conn
+        return
+    with engine.connect() as conn:
+        yield conn.execution_options(isolation_level="AUTOCOMMIT")
+
+
 def dispose_engines() -> None:
     """Close every pooled connection (after fork, and when tests switch databases)."""
     with _lock:

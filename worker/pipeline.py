@@ -10,7 +10,7 @@
 State lives in the database. A stage writes only while the item is still running under its
 owner token (checked in the UPDATE itself), so a stale or duplicate copy of a stage writes
 nothing: no second set of claims, no usage counted twice. The hot path is plain Core SQL,
-about ten statements per item.
+about ten statements per item; one on its own runs without BEGIN and COMMIT.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
 from recallq import scoring
-from recallq.db import session_scope, transaction
+from recallq.db import session_scope, single_statement, transaction
 from recallq.locking import update_items
 from recallq.models import Claim, ClaimCache, Item, ItemStatus, Run, RunStatus, as_utc, utcnow
 from recallq.settings import get_settings
@@ -236,14 +236,14 @@ def dispatch(run_id: str, enqueue: Enqueue) -> int:
 
 def complete_run_if_done(run_id: str) -> bool:
     """Called after the caller's item update has committed, so the last one to end sees all."""
-    with transaction() as conn:
+    with single_statement() as conn:
         return bool(conn.execute(COMPLETE_RUN, {"b_run": run_id, "b_now": utcnow()}).rowcount)
 
 
 def expire_lease(item_id: int) -> None:
     """Best effort: make a running item due for the reaper now."""
     try:
-        with transaction() as conn:
+        with single_statement() as conn:
             soon = {"lease_until": lease_from_now(1)}
             _run_item_update(conn, item_id, soon, status=ItemStatus.RUNNING)
     except Exception:  # noqa: BLE001  (called while handling an outage)
@@ -295,36 +295,42 @@ def finish_up(ended: Ended | None, enqueue: Enqueue) -> None:
 
 def take(item_id: int, holder_alive: Callable[[str], bool]) -> Taken | Ended | None:
     """Own an item for this pass, or return why there is nothing to do: None when it ended,
-    its run was cancelled or a live worker holds it; Ended when it ended right here."""
+    its run was cancelled or a live worker holds it; Ended when it ended right here.
+
+    The read and the write need no common transaction: the write happens only if nobody
+    moved the item on since the read (its WHERE checks owner and status again)."""
     now = utcnow()
-    with transaction() as conn:
+    with single_statement() as conn:
         row = conn.execute(TAKE_READ, {"item_id": item_id}).one_or_none()
-        if row is None or row.status in ItemStatus.ENDED:
-            return None
-        if row.run_status == RunStatus.CANCELLED:
-            cancelled = {"status": ItemStatus.CANCELLED, "finished_at": now, "lease_until": None}
+    if row is None or row.status in ItemStatus.ENDED:
+        return None
+    if row.run_status == RunStatus.CANCELLED:
+        cancelled = {"status": ItemStatus.CANCELLED, "finished_at": now, "lease_until": None}
+        with single_statement() as conn:
             _run_item_update(conn, item_id, cancelled, status=row.status)
-            return None
-        held = row.status == ItemStatus.RUNNING and row.owner and row.lease_until is not None
-        if held and as_utc(row.lease_until) > now and holder_alive(row.owner):
-            return None  # a duplicate message: the holder is on it
-        owner = new_owner_token()
-        values: dict[str, Any] = {
-            "status": ItemStatus.RUNNING,
-            "owner": owner,
-            "lease_until": lease_from_now(),
-            "attempts": 1,
-        }
-        if row.started_at is None:  # first taking; a retaken item keeps when it started
-            values["started_at"] = now
-        if row.ground_truth is None:
-            values |= _outcome_values(scoring.no_ground_truth(), now)
-        # only if nobody moved the item on between our read and this write
-        unchanged = {"owner": row.owner, "status": row.status, "unowned": row.owner is None}
+        return None
+    held = row.status == ItemStatus.RUNNING and row.owner and row.lease_until is not None
+    if held and as_utc(row.lease_until) > now and holder_alive(row.owner):
+        return None  # a duplicate message: the holder is on it
+    owner = new_owner_token()
+    values: dict[str, Any] = {
+        "status": ItemStatus.RUNNING,
+        "owner": owner,
+        "lease_until": lease_from_now(),
+        "attempts": 1,
+    }
+    if row.started_at is None:  # first taking; a retaken item keeps when it started
+        values["started_at"] = now
+    unchanged = {"owner": row.owner, "status": row.status, "unowned": row.owner is None}
+    if row.ground_truth is None:  # nothing to score: it ends here, and the next one starts
+        values |= _outcome_values(scoring.no_ground_truth(), now)
+        with transaction() as conn:
+            if not _run_item_update(conn, item_id, values, **unchanged):
+                return None
+            return Ended(row.run_id, _release_next(conn, row.run_id))
+    with single_statement() as conn:
         if not _run_item_update(conn, item_id, values, **unchanged):
             return None
-        if row.ground_truth is None:
-            return Ended(row.run_id, _release_next(conn, row.run_id))
         known = _stored_claims(conn, item_id) if row.has_claims else None
     return Taken(item_id, owner, row.run_id, row.model, row.scale, row.ground_truth, known)
 
@@ -340,7 +346,7 @@ def extract(taken: Taken) -> Taken | Ended | None:
     if isinstance(judge, Ended | type(None)):
         return judge
     key = cache_key(taken.ground_truth, taken.model, judge.prompt_version)
-    with transaction() as conn:
+    with single_statement() as conn:
         cached = conn.execute(CACHED_CLAIMS, {"key": key}).scalar()
     usage, hits = Usage(), 0
     if cached is not None:
@@ -377,7 +383,7 @@ def attribute(taken: Taken) -> Ended | None:
     heartbeat, and a duplicate of this message finds the item no longer its own."""
     texts = taken.claims or []
     owner = new_owner_token()
-    with transaction() as conn:
+    with single_statement() as conn:
         params = {
             "b_id": taken.item_id,
             "b_owner": taken.owner,

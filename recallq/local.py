@@ -45,6 +45,7 @@ def run_view(run_id: str) -> dict[str, Any]:
 def process(run_id: str, concurrency: int, progress: bool = True) -> dict[str, Any]:
     """Score a stored run with an in-process worker; returns the finished run view."""
     from celery.contrib.testing.worker import start_worker
+    from celery.worker import state as worker_state
     from tqdm import tqdm
 
     from worker import tasks
@@ -75,6 +76,12 @@ def process(run_id: str, concurrency: int, progress: bool = True) -> dict[str, A
                 bar.close()
                 break
             time.sleep(0.2)
+        # The in-memory broker's consumer looks at the stop flag only between polls of up to
+        # 2 s, and polls once more after seeing it: raise the flag (as leaving start_worker
+        # does) and end both polls with no-op messages, so the command exits without waiting.
+        worker_state.should_terminate = 0
+        for _ in range(2):
+            app.send_task("celery.accumulate")
     return view
 
 

@@ -12,10 +12,17 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 def cmd_run(args: argparse.Namespace) -> int:
     from recallq import ingest, local, migrate
+    from recallq.model_registry import ModelRegistryError
     from recallq.settings import get_settings
 
     if not args.file.exists():
         print(f"recallq: no such file: {args.file}", file=sys.stderr)
+        return 2
+    model = args.model or get_settings().default_model
+    try:
+        local.check_model(model)
+    except (ingest.SubmissionError, ModelRegistryError) as exc:
+        print(f"recallq: {exc}", file=sys.stderr)
         return 2
     migrate.upgrade()
     try:
@@ -23,7 +30,6 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ingest.SubmissionError as exc:
         print(f"recallq: {args.file}: {exc.message}", file=sys.stderr)
         return 2
-    model = args.model or get_settings().default_model
     concurrency = args.concurrency or local.default_concurrency(model)
     view = local.process(run_id, concurrency, progress=not args.quiet)
     if args.out:

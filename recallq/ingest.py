@@ -57,8 +57,13 @@ def build_spec(
     idempotency_key: str | None = None,
 ) -> RunSpec:
     model = model or get_settings().default_model
-    if model not in set(known_models):
-        raise SubmissionError(f"unknown model {model!r}", code="unknown_model")
+    known = set(known_models)
+    if model not in known:
+        raise SubmissionError(
+            f"unknown model {model!r}; known models: {', '.join(sorted(known))} "
+            "(more come from the models file named by RECALLQ_MODELS_FILE)",
+            code="unknown_model",
+        )
     try:
         scale = scoring.validate_scale(scale)
         extractor = ctx.validate_extractor(context_extractor)
@@ -187,7 +192,13 @@ def parse_ndjson_lines(lines: Iterable[bytes | str], start_line: int = 1) -> Ite
             )
         try:
             yield json.loads(line)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        except json.JSONDecodeError as exc:
             raise SubmissionError(
-                f"line {number}: invalid JSON: {exc}", code="invalid_json"
+                f"line {number}: invalid JSON: {exc.msg} at column {exc.colno}",
+                code="invalid_json",
+            ) from exc
+        except UnicodeDecodeError as exc:
+            raise SubmissionError(
+                f"line {number}: invalid JSON: not UTF-8 ({exc.reason} at byte {exc.start})",
+                code="invalid_json",
             ) from exc

@@ -22,6 +22,15 @@ def read_jsonl(path: Path) -> Iterator[Any]:
         yield from ingest.parse_ndjson_lines(handle)
 
 
+def check_model(model: str) -> None:
+    """Before anything starts: the model is known and its settings resolve here (this process
+    is the worker, so a key missing from its environment would fail every item)."""
+    known = load_models(get_settings().models_file)
+    if model not in known:
+        ingest.build_spec(model=model, known_models=known)  # raises, naming the known ones
+    known[model].resolved_params()
+
+
 def submit_local(path: Path, model: str | None, scale: float, name: str | None) -> str:
     settings = get_settings()
     spec = ingest.build_spec(

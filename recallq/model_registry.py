@@ -24,14 +24,20 @@ class ModelConfig:
     tpm: int | None = None
 
     def resolved_params(self) -> dict[str, Any]:
-        """litellm params with `os.environ/NAME` values replaced by the variable's value."""
-        return {key: _resolve(value) for key, value in self.litellm_params.items()}
+        """litellm params with `os.environ/NAME` values replaced by the variable's value; an
+        unset variable is an error that names it (a set but empty one is kept)."""
+        return {key: self._resolve(key, value) for key, value in self.litellm_params.items()}
 
-
-def _resolve(value: Any) -> Any:
-    if isinstance(value, str) and value.startswith("os.environ/"):
-        return os.environ.get(value.removeprefix("os.environ/"), "")
-    return value
+    def _resolve(self, key: str, value: Any) -> Any:
+        if not (isinstance(value, str) and value.startswith("os.environ/")):
+            return value
+        variable = value.removeprefix("os.environ/")
+        if variable not in os.environ:
+            raise ModelRegistryError(
+                f"model {self.name!r}: {variable} (for litellm_params.{key}) is not set in "
+                "this process's environment"
+            )
+        return os.environ[variable]
 
 
 class ModelRegistryError(ValueError):

@@ -8,7 +8,7 @@ from functools import lru_cache
 
 import redis
 
-from recallq.model_registry import LEXICAL, load_models
+from recallq.model_registry import LEXICAL, ModelRegistryError, load_models
 from recallq.settings import get_settings
 from worker.judge.base import Judge, PermanentJudgeError
 from worker.judge.lexical import LexicalJudge
@@ -56,7 +56,10 @@ def _build(name: str) -> Judge:
         OpenGate() if is_local_mode() else RedisCallGate(redis_client(), settings.request_timeout)
     )
     policy = RetryPolicy(settings.max_attempts, settings.retry_base_delay, settings.retry_max_delay)
-    return LLMJudge(config, policy, limiter, gate, settings.request_timeout)
+    try:
+        return LLMJudge(config, policy, limiter, gate, settings.request_timeout)
+    except ModelRegistryError as exc:  # a missing key fails each item at once, not after retries
+        raise PermanentJudgeError(str(exc)) from exc
 
 
 def get_judge(name: str) -> Judge:

@@ -75,3 +75,25 @@ def test_bad_file_is_a_clear_error(tmp_path: Path) -> None:
     assert done.returncode == 2
     assert "line 2: invalid JSON" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_key_missing_from_the_environment_stops_before_any_item(
+    tmp_path: Path, clean_stub
+) -> None:  # type: ignore[no-untyped-def]
+    env = {k: v for k, v in os.environ.items() if k != "STUB_API_KEY"} | {
+        "RECALLQ_DATABASE_URL": f"sqlite:///{tmp_path / 'local.db'}",
+        "RECALLQ_MODELS_FILE": str(write_models_file(tmp_path, clean_stub.base_url)),
+    }
+    example = str(REPO / "examples" / "eval_set.jsonl")
+    done = recallq_run([example, "--model", "stub-judge"], tmp_path, env)
+    assert done.returncode == 2
+    assert "STUB_API_KEY" in done.stderr and "not set" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert clean_stub.calls() == []
+    assert not (tmp_path / "local.db").exists()  # nothing was started
+
+
+def test_an_unknown_model_names_the_known_ones(tmp_path: Path) -> None:
+    done = recallq_run([str(REPO / "examples" / "eval_set.jsonl"), "--model", "nope"], tmp_path)
+    assert done.returncode == 2
+    assert "unknown model 'nope'" in done.stderr and "local/lexical" in done.stderr

@@ -89,3 +89,23 @@ def test_a_registered_service_callback_still_gets_its_events(
     made = _count_event_loops(monkeypatch)
     _in_a_worker_thread(lambda: judge.extract_claims("Ada was born in 1815."))
     assert made  # litellm's own dispatch ran (a thread without a loop gets a fresh one)
+
+
+def test_a_key_missing_from_a_workers_environment_fails_items_at_once(
+    clean_stub, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:  # type: ignore[no-untyped-def]
+    from recallq.settings import get_settings
+    from tests.services import write_models_file
+    from worker import judges
+    from worker.judge.base import PermanentJudgeError
+
+    monkeypatch.setenv("RECALLQ_MODELS_FILE", str(write_models_file(tmp_path, clean_stub.base_url)))
+    monkeypatch.delenv("STUB_API_KEY", raising=False)
+    get_settings.cache_clear()
+    try:
+        with pytest.raises(PermanentJudgeError, match="STUB_API_KEY .* is not set"):
+            judges.get_judge("stub-judge")
+    finally:
+        get_settings.cache_clear()
+    assert "stub-judge" not in judges._judges
+    assert clean_stub.calls() == []

@@ -120,17 +120,21 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--model", help="judge model (default: RECALLQ_DEFAULT_MODEL or local/lexical)"
     )
-    run.add_argument("--scale", type=float, default=1.0)
-    run.add_argument("--out", type=Path, help="write per-item results with claims as JSONL")
-    run.add_argument("--name")
-    run.add_argument("--concurrency", type=int)
+    run.add_argument(
+        "--scale", type=float, default=1.0, help="scores run from 0 to this (default 1)"
+    )
+    run.add_argument(
+        "--out", type=Path, help="write per-item results with claims (CSV if *.csv, else JSONL)"
+    )
+    run.add_argument("--name", help="run name (default: the file's name)")
+    run.add_argument("--concurrency", type=int, help="judge calls in flight (threads)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
     run.set_defaults(func=cmd_run)
 
     api = sub.add_parser("api", help="serve the HTTP API")
-    api.add_argument("--host", default="127.0.0.1")
-    api.add_argument("--port", type=int, default=8000)
-    api.add_argument("--workers", type=int, default=1)
+    api.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    api.add_argument("--port", type=int, default=8000, help="port to listen on")
+    api.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
     api.set_defaults(func=cmd_api)
 
     worker = sub.add_parser("worker", help="run a Celery worker")

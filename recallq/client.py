@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
@@ -26,6 +28,27 @@ def _fail(response: httpx.Response) -> int:
     return 1
 
 
+def _cli_errors(command: Callable[[argparse.Namespace], int]) -> Callable[..., int]:
+    """An unreachable API is one line, not a traceback; a closed pipe (`| head`) ends quietly."""
+
+    @functools.wraps(command)
+    def run(args: argparse.Namespace, *rest: str) -> int:
+        try:
+            return command(args, *rest)
+        except httpx.TransportError as exc:
+            print(
+                f"recallq: cannot reach the API at {args.api} ({type(exc).__name__}: {exc}); "
+                "pass --api or set RECALLQ_API_URL",
+                file=sys.stderr,
+            )
+            return 2
+        except BrokenPipeError:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
+
+    return run
+
+
 def _stream_file(path: Path, bar: tqdm) -> Iterator[bytes]:
     with path.open("rb") as handle:
         while chunk := handle.read(256 * 1024):
@@ -33,6 +56,7 @@ def _stream_file(path: Path, bar: tqdm) -> Iterator[bytes]:
             yield chunk
 
 
+@_cli_errors
 def submit(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -72,6 +96,7 @@ def _wait(api: str, run_id: str) -> int:
         time.sleep(1)
 
 
+@_cli_errors
 def status(args: argparse.Namespace) -> int:
     response = httpx.get(f"{args.api}/v1/runs/{args.run_id}", timeout=30)
     if response.status_code != 200:
@@ -80,6 +105,7 @@ def status(args: argparse.Namespace) -> int:
     return 0
 
 
+@_cli_errors
 def results(args: argparse.Namespace) -> int:
     url = f"{args.api}/v1/runs/{args.run_id}/results"
     with httpx.stream("GET", url, params={"format": args.format}, timeout=None) as response:
@@ -90,12 +116,14 @@ def results(args: argparse.Namespace) -> int:
         try:
             for chunk in response.iter_bytes():
                 out.write(chunk)
+            out.flush()  # here, where a closed pipe is caught, not at interpreter exit
         finally:
             if args.out:
                 out.close()
     return 0
 
 
+@_cli_errors
 def post_action(args: argparse.Namespace, action: str) -> int:
     response = httpx.post(f"{args.api}/v1/runs/{args.run_id}/{action}", timeout=60)
     if response.status_code not in (200, 202):

@@ -95,9 +95,11 @@ def process(run_id: str, concurrency: int, progress: bool = True) -> dict[str, A
 
 
 def write_results(run_id: str, out: Path) -> int:
+    """Per-item results with claims: CSV if the file name ends in .csv, else JSONL."""
+    lines = queries.csv_lines if out.suffix.lower() == ".csv" else queries.jsonl_lines
     count = 0
     with session_scope() as session, out.open("w") as handle:
-        for line in queries.jsonl_lines(queries.iter_results(session, run_id)):
+        for line in lines(queries.iter_results(session, run_id)):
             handle.write(line)
             count += 1
     return count
@@ -121,15 +123,15 @@ def print_summary(view: dict[str, Any], run_id: str, out: Path | None, stream: T
     print("\nrecallq summary", file=stream)
     for key, value in rows:
         print(f"  {key:<{width}}  {value}", file=stream)
-    print("\nscore distribution (x scale)", file=stream)
+    print("\nscore distribution", file=stream)
     scale = view["scale"] or 1.0
     histogram = [0] * BUCKETS
     for score in scores:
         histogram[min(BUCKETS - 1, int(score / scale * BUCKETS))] += 1
     top = max(histogram) or 1
     for i, n in enumerate(histogram):
-        low, high = i / BUCKETS, (i + 1) / BUCKETS
-        label = f"{low:.1f}-{high:.1f}" + ("]" if i == BUCKETS - 1 else ")")
+        low, high = scale * i / BUCKETS, scale * (i + 1) / BUCKETS
+        label = f"{low:g}-{high:g}" + ("]" if i == BUCKETS - 1 else ")")
         print(f"  {label:<9} {'#' * round(20 * n / top):<20} {n}", file=stream)
     if failures:
         print("\nfailures", file=stream)

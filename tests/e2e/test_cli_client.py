@@ -68,3 +68,32 @@ def test_errors_are_reported_without_a_traceback(api_url: str, tmp_path: Path) -
     assert "422 no_context" in submitted.stderr and "Traceback" not in submitted.stderr
     missing = recallq("status", "no-such-run", api=api_url)
     assert missing.returncode == 1 and "404 not_found" in missing.stderr
+
+
+def test_an_unreachable_api_is_one_line(tmp_path: Path) -> None:
+    from tests.services import free_port
+
+    nowhere = f"http://127.0.0.1:{free_port()}"
+    for args in (("status", "some-run"), ("submit", str(REPO / "examples" / "eval_set.jsonl"))):
+        done = recallq(*args, api=nowhere)
+        assert done.returncode == 2
+        assert f"cannot reach the API at {nowhere}" in done.stderr
+        assert "Traceback" not in done.stderr
+
+
+def test_results_into_a_pipe_closed_early_end_quietly(api_url: str) -> None:
+    data = REPO / "examples" / "eval_set.jsonl"
+    run_id = recallq("submit", str(data), "--wait", api=api_url).stdout.splitlines()[0]
+    env = {**os.environ, "RECALLQ_API_URL": api_url}
+    reader = subprocess.Popen(
+        f"{sys.executable} -m recallq.cli results {run_id} --format csv | head -c 10",
+        shell=True,
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    out, err = reader.communicate(timeout=120)
+    assert out == "id,index,s"
+    assert "Traceback" not in err and "BrokenPipe" not in err

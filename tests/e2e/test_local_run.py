@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
@@ -97,3 +98,13 @@ def test_an_unknown_model_names_the_known_ones(tmp_path: Path) -> None:
     done = recallq_run([str(REPO / "examples" / "eval_set.jsonl"), "--model", "nope"], tmp_path)
     assert done.returncode == 2
     assert "unknown model 'nope'" in done.stderr and "local/lexical" in done.stderr
+
+
+def test_csv_out_and_a_histogram_in_the_runs_scale(tmp_path: Path) -> None:
+    out = tmp_path / "results.csv"
+    example = str(REPO / "examples" / "eval_set.jsonl")
+    done = recallq_run([example, "--scale", "10", "--out", str(out), "--quiet"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 24 and max(float(r["score"]) for r in rows) == 10
+    assert "  8-10]" in done.stdout and "(x scale)" not in done.stdout

@@ -120,13 +120,23 @@ async def create_run(
             project=project,
             idempotency_key=idempotency_key,
         )
-        items = payload["items"]
+        items = _within_item_limit(payload["items"], settings.max_item_bytes)
     else:
         raise ApiError(415, "unsupported_media_type", f"use application/json or {NDJSON}")
     view, created = await anyio.to_thread.run_sync(_store, spec, items)
     if created:
         queue_run(view["id"])
     return JSONResponse(view, status_code=202)
+
+
+def _within_item_limit(items: list[Any], max_bytes: int) -> Iterator[Any]:
+    """A JSON body's items under the same per-item limit as NDJSON lines."""
+    for index, item in enumerate(items):
+        if len(json.dumps(item, ensure_ascii=False).encode()) > max_bytes:
+            raise ingest.SubmissionError(
+                f"item {index}: larger than {max_bytes} bytes", code="item_too_large", status=413
+            )
+        yield item
 
 
 @router.get("/v1/runs/{run_id}")
@@ -139,9 +149,12 @@ def _decode_cursor(cursor: str | None) -> int | None:
     if not cursor:
         return None
     try:
-        return int(base64.urlsafe_b64decode(cursor.encode() + b"==").decode())
-    except ValueError as exc:
-        raise ApiError(422, "invalid_cursor", "cursor is not one this API returned") from exc
+        index = int(base64.urlsafe_b64decode(cursor.encode() + b"==").decode())
+    except ValueError:
+        index = -1
+    if index < 0:
+        raise ApiError(422, "invalid_cursor", "cursor is not one this API returned")
+    return index
 
 
 def _encode_cursor(index: int | None) -> str | None:

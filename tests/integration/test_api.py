@@ -3,6 +3,7 @@ results streaming, cancel. No worker runs here, so runs stay where the API leave
 
 from __future__ import annotations
 
+import base64
 import csv
 import io
 import json
@@ -76,6 +77,19 @@ def test_unknown_run_and_item_are_404(api: str) -> None:
         "invalid_cursor",
     )
     assert _error(httpx.get(f"{api}/v1/runs/{run['id']}/items?limit=0"))[0] == 422
+    minus_one = base64.urlsafe_b64encode(b"-1").decode()
+    assert _error(httpx.get(f"{api}/v1/runs/{run['id']}/items?cursor={minus_one}")) == (
+        422,
+        "invalid_cursor",
+    )
+
+
+def test_the_item_size_limit_holds_for_json_bodies_too(api: str) -> None:
+    items = _items(2)
+    items[1]["context"] = ["x" * (1024 * 1024 + 1)]
+    response = httpx.post(f"{api}/v1/runs", json={"items": items}, timeout=30)
+    assert _error(response) == (413, "item_too_large")
+    assert "item 1" in response.json()["error"]["message"]
 
 
 def test_ndjson_submission_pages_and_results(api: str) -> None:

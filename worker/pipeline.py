@@ -473,10 +473,16 @@ def _judge(taken: Taken) -> Judge | Ended | None:
 
 
 def _update_owned(conn: Connection, taken: Taken, values: dict[str, Any]) -> bool:
-    """Write only while this pass owns the running item (the owner token says so)."""
+    """Write only while this pass owns the running item (the owner token says so). If its
+    run was cancelled meanwhile, the calls this pass made were still sent and billed: their
+    usage counts on the cancelled item, and nothing else of the pass is written."""
     owned = _run_item_update(
         conn, taken.item_id, values, owner=taken.owner, status=ItemStatus.RUNNING
     )
+    if not owned:
+        spent = {k: v for k, v in values.items() if k in COUNTERS and k != "attempts" and v}
+        if spent:
+            _run_item_update(conn, taken.item_id, spent, status=ItemStatus.CANCELLED)
     return bool(owned)
 
 

@@ -17,7 +17,7 @@ import redis
 from sqlalchemy import select
 
 from recallq import db, ingest
-from recallq.models import Item, ItemStatus
+from recallq.models import Claim, Item, ItemStatus
 from recallq.settings import get_settings
 from tests.services import migrated_database, redis_database
 from worker import judges, liveness, pipeline, reaper
@@ -152,3 +152,28 @@ def test_an_item_taken_again_keeps_when_it_first_started(
         item = session.get(Item, item_id)
         assert item is not None
         assert item.started_at == started and item.attempts == 2
+
+
+def test_calls_in_flight_when_the_run_is_cancelled_still_count(
+    stage_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    judge = stage_env["judge"]
+    item_id = _queued_item()
+    extracted = _extracted_on("host:one", item_id, monkeypatch)
+
+    def cancel_the_run() -> None:  # what POST /cancel writes, while the call is out
+        with db.session_scope() as session:
+            item = session.get(Item, item_id)
+            assert item is not None
+            item.status = ItemStatus.CANCELLED
+
+    judge.during_attribution = cancel_the_run
+    assert pipeline.attribute(extracted) is None
+
+    with db.session_scope() as session:
+        item = session.get(Item, item_id)
+        assert item is not None
+        assert item.status == ItemStatus.CANCELLED and item.score is None
+        assert item.llm_calls == 2  # extraction and the attribution that was in flight
+        verdicts = session.scalars(select(Claim.verdict).where(Claim.item_id == item_id)).all()
+        assert verdicts == [None]  # its answer is not written

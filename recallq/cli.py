@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
@@ -26,7 +28,14 @@ def cmd_run(args: argparse.Namespace) -> int:
         return 2
     migrate.upgrade()
     try:
-        run_id = local.submit_local(args.file, args.model, args.scale, args.name)
+        run_id = local.submit_local(
+            args.file,
+            args.model,
+            args.scale,
+            args.name,
+            context=args.context,
+            context_extractor=args.context_extractor,
+        )
     except ingest.SubmissionError as exc:
         print(f"recallq: {args.file}: {exc.message}", file=sys.stderr)
         return 2
@@ -110,6 +119,26 @@ def cmd_retry(args: argparse.Namespace) -> int:
     return client.post_action(args, "retry")
 
 
+def _json_argument(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise argparse.ArgumentTypeError(f"not JSON: {exc.msg} at column {exc.colno}") from exc
+
+
+def _add_context_options(parser: argparse.ArgumentParser, parse: bool) -> None:
+    """The run's static context and context extractor, as JSON (sent as is by `submit`)."""
+    kind = _json_argument if parse else str
+    parser.add_argument(
+        "--context", type=kind, help="static context for every item, a JSON list: '[\"...\"]'"
+    )
+    parser.add_argument(
+        "--context-extractor",
+        type=kind,
+        help='for agent-shaped items, JSON: \'{"type": "tool_results", "tools": ["search"]}\'',
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="recallq", description="Context-recall scoring at scale.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -129,6 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--name", help="run name (default: the file's name)")
     run.add_argument("--concurrency", type=int, help="judge calls in flight (threads)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_context_options(run, parse=True)
     run.set_defaults(func=cmd_run)
 
     api = sub.add_parser("api", help="serve the HTTP API")
@@ -161,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--scale", type=float)
             p.add_argument("--name")
             p.add_argument("--wait", action="store_true", help="poll until the run ends")
+            _add_context_options(p, parse=False)
         else:
             p.add_argument("run_id")
         if name == "results":

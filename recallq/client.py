@@ -60,7 +60,9 @@ def _stream_file(path: Path, bar: tqdm) -> Iterator[bytes]:
 def submit(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    params = {k: v for k in ("model", "scale", "name") if (v := getattr(args, k)) is not None}
+    fields = ("model", "scale", "name", "context", "context_extractor")
+    params = {k: v for k in fields if (v := getattr(args, k)) is not None}
+    params.setdefault("name", args.file.name)
     size = args.file.stat().st_size
     with tqdm(total=size, unit="B", unit_scale=True, desc="upload", file=sys.stderr) as bar:
         response = httpx.post(

@@ -31,13 +31,22 @@ def check_model(model: str) -> None:
     known[model].resolved_params()
 
 
-def submit_local(path: Path, model: str | None, scale: float, name: str | None) -> str:
+def submit_local(
+    path: Path,
+    model: str | None,
+    scale: float,
+    name: str | None,
+    context: Any = None,
+    context_extractor: Any = None,
+) -> str:
     settings = get_settings()
     spec = ingest.build_spec(
         model=model,
         known_models=load_models(settings.models_file),
         name=name or path.name,
         scale=scale,
+        context=context,
+        context_extractor=context_extractor,
     )
     with session_scope() as session:
         run = ingest.create_run(session, spec, read_jsonl(path))

@@ -97,3 +97,14 @@ def test_results_into_a_pipe_closed_early_end_quietly(api_url: str) -> None:
     out, err = reader.communicate(timeout=120)
     assert out == "id,index,s"
     assert "Traceback" not in err and "BrokenPipe" not in err
+
+
+def test_submit_with_a_context_extractor_names_the_run_after_the_file(api_url: str) -> None:
+    agent_run = REPO / "examples" / "agent_run.jsonl"
+    extractor = '{"type": "tool_results"}'
+    done = recallq(
+        "submit", str(agent_run), "--context-extractor", extractor, "--wait", api=api_url
+    )
+    assert done.returncode == 0, done.stderr
+    final = json.loads(done.stdout.split("\n", 1)[1])
+    assert final["counts"]["succeeded"] == 4 and final["name"] == "agent_run.jsonl"

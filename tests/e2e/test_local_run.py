@@ -108,3 +108,13 @@ def test_csv_out_and_a_histogram_in_the_runs_scale(tmp_path: Path) -> None:
     rows = list(csv.DictReader(out.open()))
     assert len(rows) == 24 and max(float(r["score"]) for r in rows) == 10
     assert "  8-10]" in done.stdout and "(x scale)" not in done.stdout
+
+
+def test_the_agent_example_runs_with_a_context_extractor(tmp_path: Path) -> None:
+    agent_run = str(REPO / "examples" / "agent_run.jsonl")
+    without = recallq_run([agent_run, "--quiet"], tmp_path)
+    assert without.returncode == 2 and "no item can resolve a context" in without.stderr
+    extractor = '{"type": "tool_results"}'
+    done = recallq_run([agent_run, "--context-extractor", extractor, "--quiet"], tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert "scored            4" in done.stdout

@@ -84,8 +84,10 @@ def cmd_migrate(args: argparse.Namespace) -> int:
 
     if args.downgrade:
         migrate.downgrade(revision=args.downgrade)
+        print(f"recallq: database downgraded to {args.downgrade}")
     else:
         migrate.upgrade()
+        print("recallq: database schema is up to date")
     return 0
 
 

@@ -8,6 +8,7 @@ submission leaves nothing behind.
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -175,7 +176,13 @@ def _insert_items(session: Session, rows: list[dict[str, Any]]) -> None:
     try:
         session.execute(insert(Item), rows)
     except IntegrityError as exc:
-        raise SubmissionError("item ids must be unique within a run", code="duplicate_id") from exc
+        # Postgres names the key in its detail ("Key (run_id, key)=(…, q7) already exists.")
+        detail = getattr(getattr(exc.orig, "diag", None), "message_detail", None) or ""
+        found = re.search(r"\)=\([^,]*, (.*)\) already exists", detail)
+        which = f": {found.group(1)!r} appears twice" if found else ""
+        raise SubmissionError(
+            f"item ids must be unique within a run{which}", code="duplicate_id"
+        ) from exc
 
 
 def parse_ndjson_lines(lines: Iterable[bytes | str], start_line: int = 1) -> Iterator[Any]:

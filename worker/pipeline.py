@@ -420,7 +420,7 @@ def attribute(taken: Taken) -> Ended | None:
         if missing:
             names = ", ".join(str(i) for i in missing)
             error = f"the judge gave no verdict for claim(s) {names}, asked twice"
-            return _end(conn, taken, _usage_values(usage) | _failure_values(error, now))
+            return _end(conn, taken, _usage_values(usage) | _failure_values(taken, error, now))
         outcome = scoring.score_claims(texts, verdicts, taken.scale)
         values = _usage_values(usage) | _outcome_values(outcome, now)
         return _end(conn, taken, values, verdicts)
@@ -523,7 +523,7 @@ def _settle_error(taken: Taken, exc: JudgeError, usage: Usage) -> Ended | None:
             }
             _update_owned(conn, taken, values)
             return None
-        return _end(conn, taken, _usage_values(usage) | _failure_values(str(exc), utcnow()))
+        return _end(conn, taken, _usage_values(usage) | _failure_values(taken, str(exc), utcnow()))
 
 
 def _usage_values(usage: Usage, cache_hits: int = 0) -> dict[str, Any]:
@@ -550,8 +550,8 @@ def _outcome_values(outcome: scoring.Outcome, now: datetime) -> dict[str, Any]:
     }
 
 
-def _failure_values(error: str, now: datetime) -> dict[str, Any]:
-    log.info("item failed: %s", error)
+def _failure_values(taken: Taken, error: str, now: datetime) -> dict[str, Any]:
+    log.info("item %s of run %s failed: %s", taken.item_id, taken.run_id, error)
     return {
         "status": ItemStatus.FAILED,
         "finished_at": now,

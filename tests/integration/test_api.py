@@ -59,6 +59,13 @@ def test_bad_submissions_are_4xx_and_store_nothing(api: str, body: dict, expecte
     assert _error(response) == expected
 
 
+def test_a_duplicate_id_is_named(api: str) -> None:
+    items = [*_items(3), {"id": "q1", "context": ["again"]}]
+    response = httpx.post(f"{api}/v1/runs", json={"items": items})
+    assert _error(response) == (422, "duplicate_id")
+    assert "'q1' appears twice" in response.json()["error"]["message"]
+
+
 def test_malformed_json_and_wrong_media_type(api: str) -> None:
     response = httpx.post(
         f"{api}/v1/runs", content=b"{nope", headers={"content-type": "application/json"}

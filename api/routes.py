@@ -63,6 +63,7 @@ def _store(spec: ingest.RunSpec, items: Any) -> tuple[dict[str, Any], bool]:
     with session_scope() as session:
         existing = ingest.find_by_idempotency_key(session, spec)
         if existing is not None:
+            ingest.check_same_submission(existing, spec, items)
             return queries.run_view(session, existing), False
         run = ingest.create_run(session, spec, items)
         session.flush()

@@ -126,6 +126,27 @@ def find_by_idempotency_key(session: Session, spec: RunSpec) -> Run | None:
     ).one_or_none()
 
 
+def check_same_submission(run: Run, spec: RunSpec, items: Iterable[Any]) -> None:
+    """A retried submission must be the one its Idempotency-Key first made: the same run
+    fields and as many items (read through, not stored); else a 422."""
+    fields = {
+        "model": (run.model, spec.model),
+        "name": (run.name, spec.name),
+        "scale": (run.scale, spec.scale),
+        "context": (run.context, spec.context),
+        "context_extractor": (run.context_extractor, spec.context_extractor),
+    }
+    differs = [name for name, (stored, sent) in fields.items() if stored != sent]
+    if not differs and sum(1 for _ in items) != run.total_items:
+        differs.append("number of items")
+    if differs:
+        raise SubmissionError(
+            "this Idempotency-Key was used for a different submission "
+            f"(its {', '.join(differs)} differ); use a new key for a new run",
+            code="idempotency_key_reused",
+        )
+
+
 def create_run(session: Session, spec: RunSpec, items: Iterable[Any]) -> Run:
     """Insert the run and its items in batches. Raises SubmissionError (nothing is kept)."""
     settings = get_settings()

@@ -156,6 +156,22 @@ def test_idempotency_key_returns_the_same_run(api: str) -> None:
     assert other.json()["id"] != first.json()["id"]
 
 
+def test_an_idempotency_key_reused_for_another_submission_is_a_422(api: str) -> None:
+    headers = {"Idempotency-Key": "submit-43"}
+    first = httpx.post(f"{api}/v1/runs", json={"items": _items(3)}, headers=headers)
+    assert first.status_code == 202
+    for changed in ({"items": _items(4)}, {"items": _items(3), "scale": 10}):
+        response = httpx.post(f"{api}/v1/runs", json=changed, headers=headers)
+        assert _error(response) == (422, "idempotency_key_reused")
+    lines = "".join(json.dumps(item) + "\n" for item in _items(3))
+    same = httpx.post(
+        f"{api}/v1/runs",
+        content=lines.encode(),
+        headers={**headers, "content-type": "application/x-ndjson"},
+    )
+    assert same.status_code == 202 and same.json()["id"] == first.json()["id"]
+
+
 def test_cancel_marks_unscored_items_cancelled(api: str) -> None:
     run = httpx.post(f"{api}/v1/runs", json={"items": _items(5)}).json()
     cancelled = httpx.post(f"{api}/v1/runs/{run['id']}/cancel").json()

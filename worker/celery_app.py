@@ -2,12 +2,39 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from celery import Celery
+from kombu.transport import redis as kombu_redis
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from recallq.settings import get_settings
 
 QUEUE = "recallq"
 DISPATCH_TASK = "recallq.dispatch"
+
+
+def _closed_broker_is_a_connection_error() -> None:
+    """When Redis goes away while messages are unacknowledged, Celery collects the broken
+    connection (detaching its transport) and then closes it, and closing tries to put those
+    messages back through the detached transport: an AttributeError that Celery treats as
+    unrecoverable, so the worker exits (seen in about 1 of 8 Redis restarts). Raise the
+    connection error it really is: Celery then reconnects as usual, and the reaper resends
+    what the broker lost."""
+    original = kombu_redis.Channel._connparams
+    if getattr(original, "_recallq", False):
+        return
+
+    def _connparams(self: Any, asynchronous: bool = False) -> Any:
+        if self.connection is None or self.connection.client is None:
+            raise RedisConnectionError("the broker connection is already closed")
+        return original(self, asynchronous)
+
+    _connparams._recallq = True  # type: ignore[attr-defined]
+    kombu_redis.Channel._connparams = _connparams
+
+
+_closed_broker_is_a_connection_error()
 
 
 def make_app(broker_url: str | None = None) -> Celery:

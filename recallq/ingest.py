@@ -46,6 +46,17 @@ class RunSpec:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def require_known_model(model: str, known_models: Iterable[str]) -> str:
+    known = set(known_models)
+    if model not in known:
+        raise SubmissionError(
+            f"unknown model {model!r}; known models: {', '.join(sorted(known))} "
+            "(more come from the models file named by RECALLQ_MODELS_FILE)",
+            code="unknown_model",
+        )
+    return model
+
+
 def build_spec(
     *,
     model: str | None,
@@ -57,14 +68,7 @@ def build_spec(
     project: str = "default",
     idempotency_key: str | None = None,
 ) -> RunSpec:
-    model = model or get_settings().default_model
-    known = set(known_models)
-    if model not in known:
-        raise SubmissionError(
-            f"unknown model {model!r}; known models: {', '.join(sorted(known))} "
-            "(more come from the models file named by RECALLQ_MODELS_FILE)",
-            code="unknown_model",
-        )
+    model = require_known_model(model or get_settings().default_model, known_models)
     try:
         scale = scoring.validate_scale(scale)
         extractor = ctx.validate_extractor(context_extractor)

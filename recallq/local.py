@@ -26,9 +26,7 @@ def check_model(model: str) -> None:
     """Before anything starts: the model is known and its settings resolve here (this process
     is the worker, so a key missing from its environment would fail every item)."""
     known = load_models(get_settings().models_file)
-    if model not in known:
-        ingest.build_spec(model=model, known_models=known)  # raises, naming the known ones
-    known[model].resolved_params()
+    known[ingest.require_known_model(model, known)].resolved_params()
 
 
 def submit_local(

@@ -322,15 +322,14 @@ def take(item_id: int, holder_alive: Callable[[str], bool]) -> Taken | Ended | N
     if row.started_at is None:  # first taking; a retaken item keeps when it started
         values["started_at"] = now
     unchanged = {"owner": row.owner, "status": row.status, "unowned": row.owner is None}
-    if row.ground_truth is None:  # nothing to score: it ends here, and the next one starts
+    ends_here = row.ground_truth is None  # nothing to score: the next item starts in its place
+    if ends_here:
         values |= _outcome_values(scoring.no_ground_truth(), now)
-        with transaction() as conn:
-            if not _run_item_update(conn, item_id, values, **unchanged):
-                return None
-            return Ended(row.run_id, _release_next(conn, row.run_id))
-    with single_statement() as conn:
+    with transaction() if ends_here else single_statement() as conn:
         if not _run_item_update(conn, item_id, values, **unchanged):
             return None
+        if ends_here:
+            return Ended(row.run_id, _release_next(conn, row.run_id))
         known = _stored_claims(conn, item_id) if row.has_claims else None
     return Taken(item_id, owner, row.run_id, row.model, row.scale, row.ground_truth, known)
 

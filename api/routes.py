@@ -121,7 +121,9 @@ async def create_run(
             project=project,
             idempotency_key=idempotency_key,
         )
-        items = _within_item_limit(payload["items"], settings.max_item_bytes)
+        items = payload["items"]
+        if len(body) > settings.max_item_bytes:  # else no item can be over the limit
+            items = _within_item_limit(items, settings.max_item_bytes)
     else:
         raise ApiError(415, "unsupported_media_type", f"use application/json or {NDJSON}")
     view, created = await anyio.to_thread.run_sync(_store, spec, items)

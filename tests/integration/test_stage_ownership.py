@@ -85,6 +85,13 @@ def _queued_item() -> int:
         return session.scalars(select(Item.id).where(Item.run_id == run_id)).one()
 
 
+def _item(item_id: int) -> Item:
+    with db.session_scope() as session:
+        item = session.get(Item, item_id)
+    assert item is not None
+    return item
+
+
 def _extracted_on(worker_id: str, item_id: int, monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.setattr(liveness, "WORKER_ID", worker_id)
     taken = pipeline.take(item_id, lambda owner: True)
@@ -127,10 +134,8 @@ def test_a_duplicate_attribution_message_makes_no_second_call(
     assert duplicate_results == [None]  # the copy found the item no longer its own
     assert judge.attribution_calls == 1
     assert isinstance(ended, pipeline.Ended)
-    with db.session_scope() as session:
-        item = session.get(Item, item_id)
-        assert item is not None
-        assert item.status == ItemStatus.SUCCEEDED and item.llm_calls == 2
+    item = _item(item_id)
+    assert item.status == ItemStatus.SUCCEEDED and item.llm_calls == 2
 
 
 def test_an_item_taken_again_keeps_when_it_first_started(
@@ -139,19 +144,15 @@ def test_an_item_taken_again_keeps_when_it_first_started(
     item_id = _queued_item()
     first = pipeline.take(item_id, lambda owner: True)
     assert isinstance(first, pipeline.Taken)
-    with db.session_scope() as session:
-        item = session.get(Item, item_id)
-        assert item is not None and item.started_at is not None
-        started = item.started_at
+    started = _item(item_id).started_at
+    assert started is not None
 
     reaper.requeue([item_id], lambda ids: None)  # its worker died: back to the queue
     again = pipeline.take(item_id, lambda owner: False)
 
     assert isinstance(again, pipeline.Taken) and again.owner != first.owner
-    with db.session_scope() as session:
-        item = session.get(Item, item_id)
-        assert item is not None
-        assert item.started_at == started and item.attempts == 2
+    item = _item(item_id)
+    assert item.started_at == started and item.attempts == 2
 
 
 def test_calls_in_flight_when_the_run_is_cancelled_still_count(
@@ -170,10 +171,9 @@ def test_calls_in_flight_when_the_run_is_cancelled_still_count(
     judge.during_attribution = cancel_the_run
     assert pipeline.attribute(extracted) is None
 
+    item = _item(item_id)
+    assert item.status == ItemStatus.CANCELLED and item.score is None
+    assert item.llm_calls == 2  # extraction and the attribution that was in flight
     with db.session_scope() as session:
-        item = session.get(Item, item_id)
-        assert item is not None
-        assert item.status == ItemStatus.CANCELLED and item.score is None
-        assert item.llm_calls == 2  # extraction and the attribution that was in flight
         verdicts = session.scalars(select(Claim.verdict).where(Claim.item_id == item_id)).all()
-        assert verdicts == [None]  # its answer is not written
+    assert verdicts == [None]  # its answer is not written

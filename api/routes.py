@@ -18,12 +18,9 @@ from api.auth import current_project
 from api.body import blocking_lines, read_body
 from api.errors import ApiError, not_found
 from recallq import ingest, queries
-from recallq.db import session_scope
-from recallq.locking import update_items
-from recallq.model_registry import load_models
-from recallq.models import Item, ItemStatus, Run, RunStatus, utcnow
-from recallq.settings import get_settings
-from worker.judges import redis_client
+from recallq.models import Run
+from recallq.runtime import Runtime
+from recallq.store import RunCancelledError, RunNotFound
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -31,19 +28,25 @@ Project = Annotated[str, Depends(current_project)]
 NDJSON = "application/x-ndjson"
 
 
-def queue_run(run_id: str) -> None:
+def _runtime(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+Rt = Annotated[Runtime, Depends(_runtime)]
+
+
+def queue_run(runtime: Runtime, run_id: str) -> None:
     """Hand the run to the workers. If the broker is down the run stays queued, and a
     worker's reaper dispatches it later."""
-    from worker.celery_app import DISPATCH_TASK, app
-
     try:
-        app.send_task(DISPATCH_TASK, args=[run_id])
+        runtime.queue.send_dispatch(run_id)
     except Exception:  # noqa: BLE001  (broker errors vary by transport)
         log.warning("could not queue run %s now; the reaper will", run_id, exc_info=True)
 
 
-def _run_or_404(session: Session, run_id: str, project: str, lock: bool = False) -> Run:
-    run = session.get(Run, run_id, with_for_update=lock)
+def _run_or_404(session: Session, run_id: str, project: str) -> Run:
+    run = session.get(Run, run_id)
     if run is None or run.project != project:
         raise not_found(f"run {run_id}")
     return run
@@ -58,14 +61,14 @@ def _json_param(name: str, raw: str | None) -> Any:
         raise ApiError(422, "invalid_request", f"{name} must be JSON: {exc.msg}") from exc
 
 
-def _store(spec: ingest.RunSpec, items: Any) -> tuple[dict[str, Any], bool]:
+def _store(runtime: Runtime, spec: ingest.RunSpec, items: Any) -> tuple[dict[str, Any], bool]:
     """Write the run (or find the one this idempotency key made). Runs in a worker thread."""
-    with session_scope() as session:
+    with runtime.database.session() as session:
         existing = ingest.find_by_idempotency_key(session, spec)
         if existing is not None:
             ingest.check_same_submission(existing, spec, items)
             return queries.run_view(session, existing), False
-        run = ingest.create_run(session, spec, items)
+        run = ingest.create_run(session, runtime.runs, spec, items, runtime.settings)
         session.flush()
         view = queries.run_view(session, run)
     return view, True
@@ -74,6 +77,7 @@ def _store(spec: ingest.RunSpec, items: Any) -> tuple[dict[str, Any], bool]:
 @router.post("/v1/runs", status_code=202)
 async def create_run(
     request: Request,
+    runtime: Rt,
     project: Project,
     idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
     name: str | None = None,
@@ -82,12 +86,13 @@ async def create_run(
     context: str | None = Query(None, description="JSON list of static context passages"),
     context_extractor: str | None = Query(None, description="JSON extractor spec"),
 ) -> JSONResponse:
-    settings = get_settings()
-    known = load_models(settings.models_file)
+    settings = runtime.settings
+    known = runtime.models
     content_type = request.headers.get("content-type", "").split(";")[0].strip()
     if content_type == NDJSON:
         spec = ingest.build_spec(
             model=model,
+            default_model=settings.default_model,
             known_models=known,
             name=name,
             scale=scale,
@@ -97,7 +102,7 @@ async def create_run(
             idempotency_key=idempotency_key,
         )
         lines = blocking_lines(request.stream(), settings.max_body_bytes, settings.max_item_bytes)
-        items: Any = ingest.parse_ndjson_lines(lines)
+        items: Any = ingest.parse_ndjson_lines(lines, settings.max_item_bytes)
     elif content_type in ("application/json", ""):
         body = await read_body(request, settings.max_body_bytes)
         try:
@@ -113,6 +118,7 @@ async def create_run(
             )
         spec = ingest.build_spec(
             model=payload.get("model"),
+            default_model=settings.default_model,
             known_models=known,
             name=payload.get("name"),
             scale=payload.get("scale", 1),
@@ -126,9 +132,9 @@ async def create_run(
             items = _within_item_limit(items, settings.max_item_bytes)
     else:
         raise ApiError(415, "unsupported_media_type", f"use application/json or {NDJSON}")
-    view, created = await anyio.to_thread.run_sync(_store, spec, items)
+    view, created = await anyio.to_thread.run_sync(_store, runtime, spec, items)
     if created:
-        queue_run(view["id"])
+        queue_run(runtime, view["id"])
     return JSONResponse(view, status_code=202)
 
 
@@ -143,8 +149,8 @@ def _within_item_limit(items: list[Any], max_bytes: int) -> Iterator[Any]:
 
 
 @router.get("/v1/runs/{run_id}")
-def get_run(run_id: str, project: Project) -> dict[str, Any]:
-    with session_scope() as session:
+def get_run(run_id: str, runtime: Rt, project: Project) -> dict[str, Any]:
+    with runtime.database.session() as session:
         return queries.run_view(session, _run_or_404(session, run_id, project))
 
 
@@ -170,21 +176,22 @@ ItemStatusParam = Literal["pending", "running", "succeeded", "failed", "cancelle
 @router.get("/v1/runs/{run_id}/items")
 def list_items(
     run_id: str,
+    runtime: Rt,
     project: Project,
     status: ItemStatusParam | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: str | None = None,
 ) -> dict[str, Any]:
     after = _decode_cursor(cursor)
-    with session_scope() as session:
+    with runtime.database.session() as session:
         _run_or_404(session, run_id, project)
         items, next_index = queries.items_page(session, run_id, status, limit, after)
     return {"items": items, "next_cursor": _encode_cursor(next_index)}
 
 
 @router.get("/v1/runs/{run_id}/items/{item_id}")
-def get_item(run_id: str, item_id: str, project: Project) -> dict[str, Any]:
-    with session_scope() as session:
+def get_item(run_id: str, item_id: str, runtime: Rt, project: Project) -> dict[str, Any]:
+    with runtime.database.session() as session:
         _run_or_404(session, run_id, project)
         item = queries.get_item(session, run_id, item_id)
     if item is None:
@@ -194,13 +201,13 @@ def get_item(run_id: str, item_id: str, project: Project) -> dict[str, Any]:
 
 @router.get("/v1/runs/{run_id}/results")
 def results(
-    run_id: str, project: Project, format: Literal["jsonl", "csv"] = "jsonl"
+    run_id: str, runtime: Rt, project: Project, format: Literal["jsonl", "csv"] = "jsonl"
 ) -> StreamingResponse:
-    with session_scope() as session:
+    with runtime.database.session() as session:
         _run_or_404(session, run_id, project)
 
     def stream() -> Iterator[str]:
-        with session_scope() as session:
+        with runtime.database.session() as session:
             rows = queries.iter_results(session, run_id)
             yield from (queries.csv_lines(rows) if format == "csv" else queries.jsonl_lines(rows))
 
@@ -210,58 +217,33 @@ def results(
 
 
 @router.post("/v1/runs/{run_id}/cancel")
-def cancel_run(run_id: str, project: Project) -> dict[str, Any]:
+def cancel_run(run_id: str, runtime: Rt, project: Project) -> dict[str, Any]:
     """Stop a run. When this returns, no judge call for it is in flight and none will start."""
-    from worker.gate import RedisCallGate
-
-    settings = get_settings()
-    with session_scope() as session:
-        run = _run_or_404(session, run_id, project, lock=True)
-        cancelling = run.status not in RunStatus.ENDED
-        if cancelling:
-            run.status, run.finished_at = RunStatus.CANCELLED, utcnow()
-            update_items(
-                session,
-                Item.run_id == run_id,
-                Item.status.not_in(ItemStatus.ENDED),
-                values={
-                    "status": ItemStatus.CANCELLED,
-                    "finished_at": utcnow(),
-                    "lease_until": None,
-                },
-            )
+    try:
+        cancelled = runtime.runs.cancel(run_id, project)
+    except RunNotFound:
+        raise not_found(f"run {run_id}") from None
     # Workers see the cancel in the database before their next stage; the gate stops the
     # calls of stages already past that check, and waits for the calls already sent.
-    if cancelling:
-        gate = RedisCallGate(redis_client(), settings.request_timeout)
-        gate.close(run_id)
-        still_open = gate.wait_idle(run_id, settings.cancel_wait)
+    if cancelled:
+        runtime.gate.close(run_id)
+        still_open = runtime.gate.wait_idle(run_id, runtime.settings.cancel_wait)
         if still_open:
             log.warning("run %s cancelled with %d call(s) still in flight", run_id, still_open)
-    with session_scope() as session:
-        return queries.run_view(session, _run_or_404(session, run_id, project))
+    return get_run(run_id, runtime, project)
 
 
 @router.post("/v1/runs/{run_id}/retry", status_code=202)
-def retry_run(run_id: str, project: Project) -> JSONResponse:
-    with session_scope() as session:
-        run = _run_or_404(session, run_id, project, lock=True)
-        if run.status == RunStatus.CANCELLED:
-            raise ApiError(409, "run_cancelled", "a cancelled run cannot be retried")
-        retried = len(
-            update_items(
-                session,
-                Item.run_id == run_id,
-                Item.status == ItemStatus.FAILED,
-                values={"status": ItemStatus.PENDING, "error": None, "finished_at": None},
-            )
-        )
-        if retried:
-            run.status, run.finished_at = RunStatus.RUNNING, None
-        view = queries.run_view(session, run)
+def retry_run(run_id: str, runtime: Rt, project: Project) -> JSONResponse:
+    try:
+        retried = runtime.runs.retry_failed(run_id, project)
+    except RunNotFound:
+        raise not_found(f"run {run_id}") from None
+    except RunCancelledError:
+        raise ApiError(409, "run_cancelled", "a cancelled run cannot be retried") from None
     if retried:
-        queue_run(run_id)
-    return JSONResponse({**view, "retried_items": retried}, status_code=202)
+        queue_run(runtime, run_id)
+    return JSONResponse({**get_run(run_id, runtime, project), "retried_items": retried}, 202)
 
 
 @router.get("/healthz")
@@ -270,16 +252,17 @@ def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-def readyz() -> JSONResponse:
+def readyz(runtime: Rt) -> JSONResponse:
     checks: dict[str, str] = {}
     try:
-        with session_scope() as session:
+        with runtime.database.session() as session:
             session.execute(text("SELECT 1"))
         checks["database"] = "ok"
     except Exception as exc:  # noqa: BLE001
         checks["database"] = f"error: {type(exc).__name__}"
     try:
-        redis_client().ping()
+        assert runtime.redis is not None
+        runtime.redis.ping()
         checks["redis"] = "ok"
     except Exception as exc:  # noqa: BLE001
         checks["redis"] = f"error: {type(exc).__name__}"

@@ -14,7 +14,7 @@ import time
 from sqlalchemy import create_engine, text
 
 from bench import harness
-from tests.integration.faults import restart_redis
+from tests.services import redis_server
 
 FAULT_ENV = {
     "RECALLQ_MAX_ATTEMPTS": "8",
@@ -75,7 +75,7 @@ def main() -> None:
                 workers.append(harness.start_worker(env["env"], 16))
                 events.append(f"SIGKILL a worker at {fraction:.0%}")
             else:
-                restart_redis()
+                redis_server().restart()
                 events.append(f"Redis restarted (data lost) at {fraction:.0%}")
         while (done := _progress(url, run_id)) < args.items and args.verbose:
             print(f"  {time.perf_counter() - started:6.1f}s  {done} ended", flush=True)

@@ -61,7 +61,7 @@ def item_latencies(database_url: str, run_id: str) -> dict[str, float]:
 
 def raw_http_cpu_ms(stub_base_url: str, calls: int = 300) -> float:
     """CPU of one chat-completion call made with raw httpx: the floor for any client."""
-    from worker.judge import protocol
+    from recallq.judge import protocol
 
     body = {
         "model": "stub-judge",
@@ -80,12 +80,12 @@ def raw_http_cpu_ms(stub_base_url: str, calls: int = 300) -> float:
 def litellm_cpu_ms(stub_base_url: str, calls: int = 200) -> float:
     """CPU of one call through recallq's litellm judge (litellm's own cost included)."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    from recallq.coordination.gate import OpenGate
+    from recallq.coordination.ratelimit import Unlimited
+    from recallq.judge.base import Usage
+    from recallq.judge.llm import LLMJudge
     from recallq.model_registry import ModelConfig
-    from worker.gate import OpenGate
-    from worker.judge.base import Usage
-    from worker.judge.llm import LLMJudge
-    from worker.ratelimit import Unlimited
-    from worker.retry import RetryPolicy
+    from recallq.retry import RetryPolicy
 
     config = ModelConfig(
         "stub-judge",
@@ -93,11 +93,11 @@ def litellm_cpu_ms(stub_base_url: str, calls: int = 200) -> float:
     )
     judge = LLMJudge(config, RetryPolicy(), Unlimited(), OpenGate(), 60)
     for _ in range(20):
-        judge.extract_claims("Ada Lovelace was born in 1815.")
+        judge.extract_claims("Ada Lovelace was born in 1815.", "bench")
     start = time.process_time()
     usage = Usage()
     for _ in range(calls):
-        usage += judge.extract_claims("Ada Lovelace was born in 1815.").usage
+        usage += judge.extract_claims("Ada Lovelace was born in 1815.", "bench").usage
     return (time.process_time() - start) / calls * 1000
 
 

@@ -6,10 +6,10 @@ from alembic import context
 
 from recallq.db import make_engine
 from recallq.models import Base
-from recallq.settings import get_settings
+from recallq.settings import Settings
 
 config = context.config
-url = config.get_main_option("sqlalchemy.url") or get_settings().database_url
+url = config.get_main_option("sqlalchemy.url") or Settings().database_url
 
 
 def run_migrations_offline() -> None:

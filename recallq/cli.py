@@ -14,23 +14,27 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 def cmd_run(args: argparse.Namespace) -> int:
     from recallq import ingest, local, migrate
-    from recallq.model_registry import ModelRegistryError
-    from recallq.settings import get_settings
+    from recallq.model_registry import LEXICAL, ModelRegistryError
+    from recallq.settings import Settings
 
     if not args.file.exists():
         print(f"recallq: no such file: {args.file}", file=sys.stderr)
         return 2
-    model = args.model or get_settings().default_model
+    settings = Settings()
+    model = args.model or settings.default_model
+    concurrency = args.concurrency or local.default_concurrency(settings, model)
+    runtime, runner = local.local_runtime(settings, concurrency)
     try:
-        local.check_model(model)
+        local.check_model(runtime, model)
     except (ingest.SubmissionError, ModelRegistryError) as exc:
         print(f"recallq: {exc}", file=sys.stderr)
         return 2
-    migrate.upgrade()
+    migrate.upgrade(settings.database_url)
     try:
         run_id = local.submit_local(
+            runtime,
             args.file,
-            args.model,
+            model,
             args.scale,
             args.name,
             context=args.context,
@@ -39,11 +43,15 @@ def cmd_run(args: argparse.Namespace) -> int:
     except ingest.SubmissionError as exc:
         print(f"recallq: {args.file}: {exc.message}", file=sys.stderr)
         return 2
-    concurrency = args.concurrency or local.default_concurrency(model)
-    view = local.process(run_id, concurrency, progress=not args.quiet)
+    if model != LEXICAL:
+        from recallq import patches
+
+        patches.prepare_litellm()
+    view = local.process(runtime, runner, run_id, progress=not args.quiet)
     if args.out:
-        local.write_results(run_id, args.out)
-    local.print_summary(view, run_id, args.out, sys.stdout)
+        local.write_results(runtime, run_id, args.out)
+    local.print_summary(runtime, view, run_id, args.out, sys.stdout)
+    runtime.close()
     return 0
 
 
@@ -51,17 +59,24 @@ def cmd_api(args: argparse.Namespace) -> int:
     import uvicorn
 
     uvicorn.run(
-        "api.app:app", host=args.host, port=args.port, workers=args.workers, log_level="info"
+        "api.app:create_app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        log_level="info",
     )
     return 0
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from recallq.settings import get_settings
-    from worker.celery_app import QUEUE, app
+    from recallq.broker import QUEUE
+    from recallq.settings import Settings
+    from worker import celery_app
 
-    concurrency = args.concurrency or get_settings().worker_concurrency
-    app.worker_main(
+    settings = Settings()
+    concurrency = args.concurrency or settings.worker_concurrency
+    celery_app.start(settings).worker_main(
         [
             "worker",
             "--pool",
@@ -81,12 +96,14 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     from recallq import migrate
+    from recallq.settings import Settings
 
+    url = Settings().database_url
     if args.downgrade:
-        migrate.downgrade(revision=args.downgrade)
+        migrate.downgrade(url, revision=args.downgrade)
         print(f"recallq: database downgraded to {args.downgrade}")
     else:
-        migrate.upgrade()
+        migrate.upgrade(url)
         print("recallq: database schema is up to date")
     return 0
 

@@ -28,7 +28,7 @@ def _fail(response: httpx.Response) -> int:
     return 1
 
 
-def _cli_errors(command: Callable[[argparse.Namespace], int]) -> Callable[..., int]:
+def _cli_errors(command: Callable[..., int]) -> Callable[..., int]:
     """An unreachable API is one line, not a traceback; a closed pipe (`| head`) ends quietly."""
 
     @functools.wraps(command)

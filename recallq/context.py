@@ -1,4 +1,4 @@
-"""Context resolution for context recall (CONTRACT "Scoring semantics" point 5).
+"""Context resolution for context recall: which passages an item is judged against.
 
 Pure functions, no I/O. Resolution order for one item:
 
@@ -38,7 +38,7 @@ class ContextError(ValueError):
 # --- extractor specs -------------------------------------------------------------------------
 
 
-def validate_extractor(spec: dict | None) -> dict | None:
+def validate_extractor(spec: dict[str, Any] | None) -> dict[str, Any] | None:
     """Check a ``context_extractor`` spec and return it normalised (``None`` stays ``None``).
 
     Normalised forms: ``{"type": "tool_results", "tools": [...] | None}`` and
@@ -121,7 +121,7 @@ def to_passages(value: Any) -> list[str]:
     return [text for text in texts if text.strip()]
 
 
-def _assistant_messages(input: Any, output: Any) -> Iterator[dict]:
+def _assistant_messages(input: Any, output: Any) -> Iterator[dict[str, Any]]:
     sources = [input.get(key) for key in _HISTORY_KEYS] if isinstance(input, dict) else []
     sources.append(output)
     for messages in sources:
@@ -129,11 +129,11 @@ def _assistant_messages(input: Any, output: Any) -> Iterator[dict]:
             yield from (m for m in messages if _is_message(m) and m["role"] == "assistant")
 
 
-def _dicts(value: Any) -> list[dict]:
+def _dicts(value: Any) -> list[dict[str, Any]]:
     return [v for v in value if isinstance(v, dict)] if isinstance(value, list) else []
 
 
-def _tool_invocations(message: dict) -> Iterator[dict]:
+def _tool_invocations(message: dict[str, Any]) -> Iterator[dict[str, Any]]:
     """Raw tool invocations of a message: ``content.toolInvocations`` then ``content.parts``."""
     content = message["content"]
     if isinstance(content, dict):
@@ -148,7 +148,7 @@ def _tool_invocations(message: dict) -> Iterator[dict]:
             yield part
 
 
-def _completed_result(invocation: dict) -> Any:
+def _completed_result(invocation: dict[str, Any]) -> Any:
     """The invocation's result when it has completed (state "result" or absent), else _MISSING."""
     if invocation.get("state", "result") != "result":
         return _MISSING
@@ -163,8 +163,9 @@ def _doc_text(element: Any) -> str | None:
         return element
     if isinstance(element, dict):
         for key in _DOC_TEXT_KEYS:
-            if isinstance(element.get(key), str):
-                return element[key]
+            text = element.get(key)
+            if isinstance(text, str):
+                return text
     return None
 
 
@@ -199,15 +200,15 @@ def _tool_result_passages(tools: list[str] | None, input: Any, output: Any) -> l
     return passages
 
 
-def extract_context(spec: dict, input: Any, output: Any) -> list[str]:
+def extract_context(spec: dict[str, Any], input: Any, output: Any) -> list[str]:
     """Apply a context extractor to an item's input and output."""
-    spec = validate_extractor(spec)
-    if spec is None:
+    checked = validate_extractor(spec)
+    if checked is None:
         raise ContextError("context_extractor is missing")
-    if spec["type"] == "tool_results":
-        return _tool_result_passages(spec["tools"], input, output)
+    if checked["type"] == "tool_results":
+        return _tool_result_passages(checked["tools"], input, output)
     try:
-        found = jmespath.search(spec["expression"], {"input": input, "output": output})
+        found = jmespath.search(checked["expression"], {"input": input, "output": output})
     except JMESPathError as exc:
         raise ContextError(f"context_extractor expression failed: {exc}") from exc
     return to_passages(found)
@@ -216,7 +217,7 @@ def extract_context(spec: dict, input: Any, output: Any) -> list[str]:
 # --- resolution ------------------------------------------------------------------------------
 
 
-def _extractor_applies(extractor: dict | None, input: Any, output: Any) -> bool:
+def _extractor_applies(extractor: dict[str, Any] | None, input: Any, output: Any) -> bool:
     return extractor is not None and is_agent_shaped(input, output)
 
 
@@ -225,12 +226,12 @@ def resolve_context(
     input: Any,
     output: Any,
     run_context: list[str] | None,
-    extractor: dict | None,
+    extractor: dict[str, Any] | None,
 ) -> list[str]:
     """The item's context passages, by the resolution order in the module docstring."""
     if item_context is not None:
         return to_passages(item_context)
-    if _extractor_applies(extractor, input, output):
+    if extractor is not None and _extractor_applies(extractor, input, output):
         return extract_context(extractor, input, output)
     return to_passages(run_context)
 
@@ -240,7 +241,7 @@ def can_resolve_any(
     input: Any,
     output: Any,
     run_context: list[str] | None,
-    extractor: dict | None,
+    extractor: dict[str, Any] | None,
 ) -> bool:
     """True when some context source applies to this item (it may still resolve to nothing)."""
     return (

@@ -1,37 +1,33 @@
-"""Engine and session factory; SQLite tuned so an in-process worker can share it."""
+"""A database: its engine and the three ways recallq talks to it.
+
+- `session()`: an ORM session in one transaction (reads of the API, submissions);
+- `transaction()`: one Core transaction (the store's writes that must be atomic together);
+- `single_statement()`: one Core statement that is atomic on its own (the store's hot path).
+
+SQLite (local mode) is tuned so the threads of an in-process runner can share one file.
+"""
 
 from __future__ import annotations
 
 import sqlite3
-import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
-from recallq.settings import get_settings
-
-_lock = threading.Lock()
-_sessionmakers: dict[str, sessionmaker[Session]] = {}
-_pre_ping = True
-
-
-def skip_pre_ping() -> None:
-    """For workers: no liveness ping (a round trip) before each transaction. A connection
-    that died with a database restart fails its statement instead, SQLAlchemy then discards
-    the whole pool, and the worker hands the message back (see worker.tasks)."""
-    global _pre_ping
-    _pre_ping = False
-
 
 def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
-def make_engine(url: str) -> Engine:
+def make_engine(url: str, pre_ping: bool = True) -> Engine:
+    """An engine for `url`. Workers pass pre_ping=False: no liveness ping (a round trip) before
+    each transaction. A connection that died with a database restart then fails its
+    statement instead, SQLAlchemy discards the whole pool, and the task hands its message
+    back (see worker.tasks)."""
     if not is_sqlite(url):
-        return create_engine(url, pool_pre_ping=_pre_ping, pool_size=10, max_overflow=40)
+        return create_engine(url, pool_pre_ping=pre_ping, pool_size=10, max_overflow=40)
     engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
 
     @event.listens_for(engine, "connect")
@@ -50,58 +46,46 @@ def make_engine(url: str) -> Engine:
     return engine
 
 
-def _sessionmaker(url: str | None) -> sessionmaker[Session]:
-    url = url or get_settings().database_url
-    with _lock:
-        if url not in _sessionmakers:
-            _sessionmakers[url] = sessionmaker(make_engine(url), expire_on_commit=False)
-        return _sessionmakers[url]
+class Database:
+    """One engine and its session factory, built once per process by its runtime."""
 
+    def __init__(self, url: str, pre_ping: bool = True) -> None:
+        self.url = url
+        self.engine = make_engine(url, pre_ping)
+        self.dialect = self.engine.dialect.name
+        self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 
-def get_engine(url: str | None = None) -> Engine:
-    engine = _sessionmaker(url).kw["bind"]
-    assert isinstance(engine, Engine)
-    return engine
+    @contextmanager
+    def session(self) -> Iterator[Session]:
+        """One ORM transaction: commit on success, roll back on error."""
+        session = self._sessions()
+        try:
+            yield session
+            session.commit()
+        except BaseException:
+            session.rollback()
+            raise
+        finally:
+            session.close()
 
-
-@contextmanager
-def session_scope(url: str | None = None) -> Iterator[Session]:
-    """One transaction: commit on success, roll back on error."""
-    session = _sessionmaker(url)()
-    try:
-        yield session
-        session.commit()
-    except BaseException:
-        session.rollback()
-        raise
-    finally:
-        session.close()
-
-
-@contextmanager
-def transaction(url: str | None = None) -> Iterator[Connection]:
-    """One Core transaction (no ORM): for the workers' hot path."""
-    with get_engine(url).begin() as conn:
-        yield conn
-
-
-@contextmanager
-def single_statement(url: str | None = None) -> Iterator[Connection]:
-    """For one statement, atomic on its own: on Postgres it runs in autocommit, one round trip
-    instead of three (BEGIN, the statement, COMMIT). SQLite keeps its write-locking
-    transaction (see make_engine)."""
-    engine = get_engine(url)
-    if engine.dialect.name != "postgresql":
-        with engine.begin() as conn:
+    @contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        """One Core transaction (no ORM)."""
+        with self.engine.begin() as conn:
             yield conn
-        return
-    with engine.connect() as conn:
-        yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
+    @contextmanager
+    def single_statement(self) -> Iterator[Connection]:
+        """For one statement, atomic on its own: on Postgres it runs in autocommit, one round
+        trip instead of three (BEGIN, the statement, COMMIT). SQLite keeps its write-locking
+        transaction (see make_engine)."""
+        if self.dialect != "postgresql":
+            with self.engine.begin() as conn:
+                yield conn
+            return
+        with self.engine.connect() as conn:
+            yield conn.execution_options(isolation_level="AUTOCOMMIT")
 
-def dispose_engines() -> None:
-    """Close every pooled connection (after fork, and when tests switch databases)."""
-    with _lock:
-        for maker in _sessionmakers.values():
-            maker.kw["bind"].dispose()
-        _sessionmakers.clear()
+    def dispose(self) -> None:
+        """Close every pooled connection."""
+        self.engine.dispose()

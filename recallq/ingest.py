@@ -11,17 +11,19 @@ import json
 import re
 import uuid
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import insert, select
+from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from recallq import context as ctx
 from recallq import scoring
-from recallq.models import Item, Run
-from recallq.settings import get_settings
+from recallq.model_registry import LEXICAL
+from recallq.models import Run
+from recallq.settings import Settings
+from recallq.store import RunStore
 
 ITEM_FIELDS = {"id", "input", "output", "ground_truth", "context"}
 
@@ -43,7 +45,6 @@ class RunSpec:
     context_extractor: dict[str, Any] | None = None
     project: str = "default"
     idempotency_key: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 def require_known_model(model: str, known_models: Iterable[str]) -> str:
@@ -61,6 +62,7 @@ def build_spec(
     *,
     model: str | None,
     known_models: Iterable[str],
+    default_model: str = LEXICAL,
     name: str | None = None,
     scale: Any = 1,
     context: Any = None,
@@ -68,7 +70,7 @@ def build_spec(
     project: str = "default",
     idempotency_key: str | None = None,
 ) -> RunSpec:
-    model = require_known_model(model or get_settings().default_model, known_models)
+    model = require_known_model(model or default_model, known_models)
     try:
         scale = scoring.validate_scale(scale)
         extractor = ctx.validate_extractor(context_extractor)
@@ -151,9 +153,10 @@ def check_same_submission(run: Run, spec: RunSpec, items: Iterable[Any]) -> None
         )
 
 
-def create_run(session: Session, spec: RunSpec, items: Iterable[Any]) -> Run:
-    """Insert the run and its items in batches. Raises SubmissionError (nothing is kept)."""
-    settings = get_settings()
+def create_run(
+    session: Session, runs: RunStore, spec: RunSpec, items: Iterable[Any], settings: Settings
+) -> Run:
+    """Check every item and store the run with them. Raises SubmissionError (nothing is kept)."""
     run = Run(
         id=str(uuid.uuid4()),
         project=spec.project,
@@ -164,56 +167,51 @@ def create_run(session: Session, spec: RunSpec, items: Iterable[Any]) -> Run:
         context_extractor=spec.context_extractor,
         idempotency_key=spec.idempotency_key,
     )
-    session.add(run)
-    session.flush()
-    total, any_resolvable, batch = 0, False, []
-    for index, raw in enumerate(items):
-        if index >= settings.max_items_per_run:
-            raise SubmissionError(
-                f"a run holds at most {settings.max_items_per_run} items",
-                code="too_many_items",
-                status=413,
-            )
-        row, resolvable = item_row(raw, index, spec)
-        any_resolvable = any_resolvable or resolvable
-        row["run_id"] = run.id
-        batch.append(row)
-        total += 1
-        if len(batch) >= settings.insert_batch_size:
-            _insert_items(session, batch)
-            batch = []
-    _insert_items(session, batch)
-    if total == 0:
+    rows = _ItemRows(items, spec, settings.max_items_per_run)
+    try:
+        run.total_items = runs.create(session, run, rows)
+    except IntegrityError as exc:
+        raise _duplicate_id(exc) from exc
+    if run.total_items == 0:
         raise SubmissionError("the run has no items", code="empty_run")
-    if not any_resolvable:
+    if not rows.any_resolvable:
         raise SubmissionError(
             "no item can resolve a context: give items a context, the run a static context, "
             "or a context_extractor for agent-shaped items",
             code="no_context",
         )
-    run.total_items = total
     return run
 
 
-def _insert_items(session: Session, rows: list[dict[str, Any]]) -> None:
-    if not rows:
-        return
-    try:
-        session.execute(insert(Item), rows)
-    except IntegrityError as exc:
-        # Postgres names the key in its detail ("Key (run_id, key)=(…, q7) already exists.")
-        detail = getattr(getattr(exc.orig, "diag", None), "message_detail", None) or ""
-        found = re.search(r"\)=\([^,]*, (.*)\) already exists", detail)
-        which = f": {found.group(1)!r} appears twice" if found else ""
-        raise SubmissionError(
-            f"item ids must be unique within a run{which}", code="duplicate_id"
-        ) from exc
+class _ItemRows:
+    """The rows of a submission's items, checked one by one as they stream through."""
+
+    def __init__(self, items: Iterable[Any], spec: RunSpec, max_items: int) -> None:
+        self._items, self._spec, self._max = items, spec, max_items
+        self.any_resolvable = False
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for index, raw in enumerate(self._items):
+            if index >= self._max:
+                raise SubmissionError(
+                    f"a run holds at most {self._max} items", code="too_many_items", status=413
+                )
+            row, resolvable = item_row(raw, index, self._spec)
+            self.any_resolvable = self.any_resolvable or resolvable
+            yield row
 
 
-def parse_ndjson_lines(lines: Iterable[bytes | str], start_line: int = 1) -> Iterator[Any]:
+def _duplicate_id(exc: IntegrityError) -> SubmissionError:
+    # Postgres names the key in its detail ("Key (run_id, key)=(…, q7) already exists.")
+    detail = getattr(getattr(exc.orig, "diag", None), "message_detail", None) or ""
+    found = re.search(r"\)=\([^,]*, (.*)\) already exists", detail)
+    which = f": {found.group(1)!r} appears twice" if found else ""
+    return SubmissionError(f"item ids must be unique within a run{which}", code="duplicate_id")
+
+
+def parse_ndjson_lines(lines: Iterable[bytes | str], max_bytes: int) -> Iterator[Any]:
     """Items from NDJSON lines; blank lines are skipped; a bad line is a 422 naming it."""
-    max_bytes = get_settings().max_item_bytes
-    for number, line in enumerate(lines, start=start_line):
+    for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
         if len(line) > max_bytes:

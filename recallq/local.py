@@ -1,35 +1,124 @@
-"""Local mode: `recallq run FILE.jsonl` on SQLite with an in-process Celery worker."""
+"""Local mode: `recallq run FILE` on SQLite, the engine driven by a thread pool in this process.
+
+The runner is the engine's work queue: an item sent to it runs every stage in one pool thread
+(take, extract, attribute, settle), as a worker runs them in a Celery chain.
+"""
 
 from __future__ import annotations
 
+import logging
 import sys
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
 from recallq import ingest, queries
-from recallq.db import session_scope
-from recallq.model_registry import load_models
-from recallq.models import Run, RunStatus
-from recallq.settings import get_settings
+from recallq.db import is_sqlite
+from recallq.engine import Engine
+from recallq.models import Item, Run, as_utc, utcnow
+from recallq.outcomes import Deferred
+from recallq.runtime import Runtime
+from recallq.settings import Settings
+from recallq.status import RUN_ENDED, ItemStatus
+
+log = logging.getLogger(__name__)
 
 BUCKETS = 5
 
 
-def read_jsonl(path: Path) -> Iterator[Any]:
+class LocalRunner:
+    """A thread pool as the engine's work queue. Deferred items are sent again when due."""
+
+    def __init__(self, concurrency: int) -> None:
+        self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="recallq-local")
+        self._engine: Engine | None = None
+        self._busy = 0  # work submitted or scheduled and not finished
+        self._lock = threading.Lock()
+        self._timers: list[threading.Timer] = []
+
+    def start(self, engine: Engine) -> None:
+        self._engine = engine
+
+    def send_items(self, item_ids: Sequence[int]) -> None:
+        for item_id in item_ids:
+            self._submit(self._run_item, item_id)
+
+    def send_dispatch(self, run_id: str) -> None:
+        self._submit(self._dispatch, run_id)
+
+    @property
+    def idle(self) -> bool:
+        with self._lock:
+            return self._busy == 0
+
+    def stop(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    def _submit(self, work: Callable[[Any], object], argument: Any) -> None:
+        with self._lock:
+            self._busy += 1
+        self._pool.submit(self._done_after, work, argument)
+
+    def _done_after(self, work: Callable[[Any], object], argument: Any) -> None:
+        try:
+            work(argument)
+        except Exception:  # noqa: BLE001  (one item's bug must not stop the others)
+            log.exception("local runner: %s(%r) failed", getattr(work, "__name__", work), argument)
+        finally:
+            with self._lock:
+                self._busy -= 1
+
+    def _run_item(self, item_id: int) -> None:
+        assert self._engine is not None, "start() the runner with its engine first"
+        outcome = self._engine.run_item(item_id)
+        if isinstance(outcome, Deferred):
+            self._later(outcome.until, item_id)
+
+    def _dispatch(self, run_id: str) -> None:
+        assert self._engine is not None, "start() the runner with its engine first"
+        self._engine.dispatch(run_id)
+
+    def _later(self, until: datetime, item_id: int) -> None:
+        delay = max(0.0, (as_utc(until) - utcnow()).total_seconds())
+        with self._lock:
+            self._busy += 1
+        timer = threading.Timer(delay, self._resend, args=(item_id,))
+        timer.daemon = True
+        self._timers.append(timer)
+        timer.start()
+
+    def _resend(self, item_id: int) -> None:
+        self.send_items([item_id])
+        with self._lock:
+            self._busy -= 1
+
+
+def local_runtime(settings: Settings, concurrency: int) -> tuple[Runtime, LocalRunner]:
+    runner = LocalRunner(concurrency)
+    runtime = Runtime.local(settings, runner)
+    runner.start(runtime.engine)
+    return runtime, runner
+
+
+def read_jsonl(path: Path, max_item_bytes: int) -> Iterator[Any]:
     with path.open("rb") as handle:
-        yield from ingest.parse_ndjson_lines(handle)
+        yield from ingest.parse_ndjson_lines(handle, max_item_bytes)
 
 
-def check_model(model: str) -> None:
+def check_model(runtime: Runtime, model: str) -> None:
     """Before anything starts: the model is known and its settings resolve here (this process
     is the worker, so a key missing from its environment would fail every item)."""
-    known = load_models(get_settings().models_file)
-    known[ingest.require_known_model(model, known)].resolved_params()
+    runtime.models[ingest.require_known_model(model, runtime.models)].resolved_params()
 
 
 def submit_local(
+    runtime: Runtime,
     path: Path,
     model: str | None,
     scale: float,
@@ -37,84 +126,75 @@ def submit_local(
     context: Any = None,
     context_extractor: Any = None,
 ) -> str:
-    settings = get_settings()
+    settings = runtime.settings
     spec = ingest.build_spec(
         model=model,
-        known_models=load_models(settings.models_file),
+        default_model=settings.default_model,
+        known_models=runtime.models,
         name=name or path.name,
         scale=scale,
         context=context,
         context_extractor=context_extractor,
     )
-    with session_scope() as session:
-        run = ingest.create_run(session, spec, read_jsonl(path))
+    with runtime.database.session() as session:
+        run = ingest.create_run(
+            session, runtime.runs, spec, read_jsonl(path, settings.max_item_bytes), settings
+        )
         return run.id
 
 
-def run_view(run_id: str) -> dict[str, Any]:
-    with session_scope() as session:
+def run_view(runtime: Runtime, run_id: str) -> dict[str, Any]:
+    with runtime.database.session() as session:
         run = session.get(Run, run_id)
         assert run is not None
         return queries.run_view(session, run)
 
 
-def process(run_id: str, concurrency: int, progress: bool = True) -> dict[str, Any]:
-    """Score a stored run with an in-process worker; returns the finished run view."""
-    from celery.contrib.testing.worker import start_worker
-    from celery.worker import state as worker_state
+def process(
+    runtime: Runtime, runner: LocalRunner, run_id: str, progress: bool = True
+) -> dict[str, Any]:
+    """Score a stored run with the local runner; returns the finished run view."""
     from tqdm import tqdm
 
-    from worker import tasks
-    from worker.celery_app import app
-    from worker.judges import use_local_mode
-
-    use_local_mode()
-    app.conf.broker_url = "memory://localhost/"
-    app.conf.broker_transport_options = {"polling_interval": 0.01}
-    view = run_view(run_id)
+    view = run_view(runtime, run_id)
     bar = tqdm(total=view["counts"]["total"], unit="item", disable=not progress, file=sys.stderr)
-    with start_worker(
-        app,
-        pool="threads",
-        concurrency=concurrency,
-        perform_ping_check=False,
-        loglevel="WARNING",
-        shutdown_timeout=60,
-    ):
-        tasks.dispatch.delay(run_id)
+    runner.send_dispatch(run_id)
+    try:
         while True:
-            view = run_view(run_id)
+            time.sleep(0.05)
+            idle = runner.idle  # before the view: work that ended by now shows in it
+            view = run_view(runtime, run_id)
             counts = view["counts"]
             bar.n = counts["succeeded"] + counts["failed"] + counts["cancelled"]
             bar.set_postfix(failed=counts["failed"], refresh=False)
             bar.refresh()
-            if view["status"] in RunStatus.ENDED:
-                bar.close()
+            if view["status"] in RUN_ENDED:
                 break
-            time.sleep(0.2)
-        # The in-memory broker's consumer looks at the stop flag only between polls of up to
-        # 2 s, and polls once more after seeing it: raise the flag (as leaving start_worker
-        # does) and end both polls with no-op messages, so the command exits without waiting.
-        worker_state.should_terminate = 0
-        for _ in range(2):
-            app.send_task("celery.accumulate")
+            if idle:  # nothing in flight, yet the run has not ended: say so, do not hang
+                log.error("run %s stopped with items unended: %s", run_id, counts)
+                break
+    finally:
+        bar.close()
+        runner.stop()
     return view
 
 
-def write_results(run_id: str, out: Path) -> int:
+def write_results(runtime: Runtime, run_id: str, out: Path) -> int:
     """Per-item results with claims: CSV if the file name ends in .csv, else JSONL."""
     lines = queries.csv_lines if out.suffix.lower() == ".csv" else queries.jsonl_lines
     count = 0
-    with session_scope() as session, out.open("w") as handle:
+    with runtime.database.session() as session, out.open("w") as handle:
         for line in lines(queries.iter_results(session, run_id)):
             handle.write(line)
             count += 1
     return count
 
 
-def print_summary(view: dict[str, Any], run_id: str, out: Path | None, stream: TextIO) -> None:
+def print_summary(
+    runtime: Runtime, view: dict[str, Any], run_id: str, out: Path | None, stream: TextIO
+) -> None:
     counts, summary, usage = view["counts"], view["summary"], view["usage"]
-    scores, failures = _scores_and_failures(run_id)
+    scores, failures = _scores_and_failures(runtime, run_id)
     mean = summary["mean_score"]
     rows = [
         ("run", run_id),
@@ -146,21 +226,19 @@ def print_summary(view: dict[str, Any], run_id: str, out: Path | None, stream: T
             print(f"  {key}: {error}", file=stream)
         if len(failures) > 10:
             print(f"  ... and {len(failures) - 10} more", file=stream)
-    db = get_settings().database_url
-    where = (
-        str(Path(db.removeprefix("sqlite:///")).resolve()) if db.startswith("sqlite:///") else db
-    )
+    url = runtime.database.url
+    where = str(Path(url.removeprefix("sqlite:///")).resolve()) if is_sqlite(url) else url
     print(f"\nresults: {where} (run {run_id})", file=stream)
     if out is not None:
         print(f"per-item results with claims: {out}", file=stream)
 
 
-def _scores_and_failures(run_id: str) -> tuple[list[float], list[tuple[str, str]]]:
+def _scores_and_failures(
+    runtime: Runtime, run_id: str
+) -> tuple[list[float], list[tuple[str, str]]]:
     from sqlalchemy import select
 
-    from recallq.models import Item, ItemStatus
-
-    with session_scope() as session:
+    with runtime.database.session() as session:
         rows = session.execute(
             select(Item.key, Item.status, Item.score, Item.error)
             .where(Item.run_id == run_id)
@@ -171,5 +249,5 @@ def _scores_and_failures(run_id: str) -> tuple[list[float], list[tuple[str, str]
     return scores, failures
 
 
-def default_concurrency(model: str) -> int:
-    return 2 if model == "local/lexical" else min(32, get_settings().worker_concurrency)
+def default_concurrency(settings: Settings, model: str) -> int:
+    return 2 if model == "local/lexical" else min(32, settings.worker_concurrency)

@@ -19,6 +19,8 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from recallq.status import ItemStatus, RunStatus
+
 # Integer on SQLite so the primary key is its rowid (autoincrement); BIGINT elsewhere.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
 
@@ -34,27 +36,6 @@ def as_utc(value: datetime) -> datetime:
 
 class Base(DeclarativeBase):
     type_annotation_map = {datetime: DateTime(timezone=True), dict[str, Any]: JSON}
-
-
-class RunStatus:
-    QUEUED = "queued"
-    RUNNING = "running"
-    COMPLETED = "completed"
-    CANCELLED = "cancelled"
-    FAILED = "failed"
-    ENDED = (COMPLETED, CANCELLED, FAILED)
-
-
-class ItemStatus:
-    PENDING = "pending"  # stored, not yet handed to the broker
-    QUEUED = "queued"  # a message for it is in the broker
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    ENDED = (SUCCEEDED, FAILED, CANCELLED)
-    IN_FLIGHT = (QUEUED, RUNNING)
-    ALL = (PENDING, QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
 
 
 class Run(Base):

@@ -12,7 +12,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from recallq.models import Claim, Item, ItemStatus, Run
+from recallq.models import Claim, Item, Run
+from recallq.status import ItemStatus, public_item_status, stored_item_statuses
 
 
 def _iso(value: Any) -> str | None:
@@ -22,7 +23,7 @@ def _iso(value: Any) -> str | None:
 def run_view(session: Session, run: Run) -> dict[str, Any]:
     # one scan of the run's items for counts, summary and usage (a 100k-item run is read
     # by every status poll)
-    statuses = list(ItemStatus.ALL)
+    statuses = list(ItemStatus)
     row = session.execute(
         select(
             *(func.count().filter(Item.status == status) for status in statuses),
@@ -73,22 +74,11 @@ def run_view(session: Session, run: Run) -> dict[str, Any]:
     }
 
 
-def item_status_filter(status: str) -> tuple[str, ...]:
-    """The API's item statuses: `pending` covers stored and queued items."""
-    if status == ItemStatus.PENDING:
-        return (ItemStatus.PENDING, ItemStatus.QUEUED)
-    return (status,)
-
-
-def public_status(status: str) -> str:
-    return ItemStatus.PENDING if status == ItemStatus.QUEUED else status
-
-
 def item_view(item: Item, claims: list[Claim]) -> dict[str, Any]:
     return {
         "id": item.key,
         "index": item.idx,
-        "status": public_status(item.status),
+        "status": public_item_status(item.status),
         "score": item.score,
         "reason": item.reason,
         "error": item.error,
@@ -123,7 +113,7 @@ def items_page(
 ) -> tuple[list[dict[str, Any]], int | None]:
     query = select(Item).where(Item.run_id == run_id)
     if status:
-        query = query.where(Item.status.in_(item_status_filter(status)))
+        query = query.where(Item.status.in_(stored_item_statuses(status)))
     if after_index is not None:
         query = query.where(Item.idx > after_index)
     items = list(session.scalars(query.order_by(Item.idx).limit(limit + 1)))

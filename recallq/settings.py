@@ -1,8 +1,11 @@
-"""The one settings reader: environment variables prefixed RECALLQ_."""
+"""The one settings reader: environment variables prefixed RECALLQ_.
+
+Each process reads them once, where it starts (the CLI, the API app, a worker), into the
+runtime it passes down (see recallq.runtime).
+"""
 
 from __future__ import annotations
 
-from functools import lru_cache
 from pathlib import Path
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -37,8 +40,3 @@ class Settings(BaseSettings):
     max_body_bytes: int = 512 * 1024 * 1024
     max_item_bytes: int = 1024 * 1024
     insert_batch_size: int = 1000
-
-
-@lru_cache
-def get_settings() -> Settings:
-    return Settings()

@@ -1,9 +1,19 @@
-"""Real services for integration tests: a throwaway Postgres database, a Redis database,
-and recallq's own API and worker processes started the way users start them."""
+"""Real services for integration tests: throwaway Postgres databases and clusters, the test
+session's own redis-server, and recallq's own API and worker processes started the way users
+start them.
+
+Nothing here touches a server the tests did not start, except to CREATE and DROP databases of
+their own on the Postgres named by RECALLQ_TEST_PG: Redis is a redis-server of the session's
+own on a free port, and the tests that restart Postgres restart a cluster of their own
+(initdb in a temporary directory).
+"""
 
 from __future__ import annotations
 
+import atexit
+import glob
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -22,7 +32,6 @@ import redis
 
 REPO = Path(__file__).resolve().parent.parent
 PG_ADMIN_URL = os.environ.get("RECALLQ_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
-REDIS_BASE = os.environ.get("RECALLQ_TEST_REDIS", "redis://127.0.0.1:6379")
 
 
 def free_port() -> int:
@@ -34,33 +43,147 @@ def free_port() -> int:
 class PostgresDatabase:
     """CREATE DATABASE on enter, DROP on exit."""
 
-    def __init__(self) -> None:
+    def __init__(self, admin_url: str = PG_ADMIN_URL) -> None:
+        self.admin_url = admin_url
         self.name = f"recallq_test_{uuid.uuid4().hex[:10]}"
-        base = PG_ADMIN_URL.rsplit("/", 1)[0]
+        base = admin_url.rsplit("/", 1)[0]
         self.url = f"{base.replace('postgresql://', 'postgresql+psycopg://')}/{self.name}"
 
     def __enter__(self) -> PostgresDatabase:
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
             conn.execute(f'CREATE DATABASE "{self.name}"')
         return self
 
     def __exit__(self, *exc: Any) -> None:
-        with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        with psycopg.connect(self.admin_url, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)')
 
 
 @contextmanager
-def migrated_database() -> Iterator[str]:
+def migrated_database(admin_url: str = PG_ADMIN_URL) -> Iterator[str]:
     """A throwaway database at the head revision; yields its URL."""
     from recallq import migrate
 
-    with PostgresDatabase() as database:
+    with PostgresDatabase(admin_url) as database:
         migrate.upgrade(database.url)
         yield database.url
 
 
+def _as_postgres_user(command: list[str]) -> list[str]:
+    """Postgres refuses to run as root; CI runs as root."""
+    return ["runuser", "-u", "postgres", "--", *command] if os.geteuid() == 0 else command
+
+
+class PostgresCluster:
+    """A Postgres cluster of the tests' own (initdb in a temporary directory, a free port), for
+    tests that stop or restart the database under running workers."""
+
+    def __init__(self) -> None:
+        found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+        self.bin = Path(found[-1]).parent if found else Path(shutil.which("initdb") or "").parent
+        self.dir = Path(tempfile.mkdtemp(prefix="recallq-pg-"))
+        self.port = free_port()
+        self.admin_url = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
+        if os.geteuid() == 0:
+            shutil.chown(self.dir, "postgres", "postgres")
+        data = str(self.dir / "data")
+        subprocess.run(
+            _as_postgres_user(
+                [str(self.bin / "initdb"), "-D", data, "-U", "postgres", "-A", "trust"]
+            ),
+            check=True,
+            capture_output=True,
+        )
+        self._ctl = [str(self.bin / "pg_ctl"), "-D", data, "-l", str(self.dir / "log"), "-w"]
+        self._options = f"-p {self.port} -k {self.dir} -c listen_addresses=127.0.0.1 -c fsync=off"
+
+    def start(self) -> PostgresCluster:
+        subprocess.run(
+            _as_postgres_user([*self._ctl, "-o", self._options, "start"]),
+            check=True,
+            capture_output=True,
+        )
+        return self
+
+    def restart(self) -> None:
+        subprocess.run(
+            _as_postgres_user([*self._ctl, "-m", "fast", "-o", self._options, "restart"]),
+            check=True,
+            capture_output=True,
+        )
+
+    def stop(self) -> None:
+        subprocess.run(_as_postgres_user([*self._ctl, "-m", "immediate", "stop"]), check=False)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+class RedisServer:
+    """A redis-server of the tests' own on a free port, without persistence, as the machine's
+    is configured: a restart loses every key, as a real one without persistence does."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.dir = Path(tempfile.mkdtemp(prefix="recallq-redis-"))
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def url(self, db: int = 0) -> str:
+        return f"redis://127.0.0.1:{self.port}/{db}"
+
+    def start(self) -> RedisServer:
+        self.proc = subprocess.Popen(
+            [
+                "redis-server",
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.dir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis.from_url(self.url())
+        deadline = time.monotonic() + 20
+        while True:
+            try:
+                client.ping()
+                return self
+            except redis.ConnectionError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(10)
+
+    def restart(self) -> None:
+        """Stopped and started again: every message in it is gone."""
+        self.stop()
+        self.start()
+
+
+_redis_server: RedisServer | None = None
+
+
+def redis_server() -> RedisServer:
+    """The test session's (or a benchmark's) own redis-server, started on first use."""
+    global _redis_server
+    if _redis_server is None:
+        _redis_server = RedisServer().start()
+        atexit.register(_redis_server.stop)
+    return _redis_server
+
+
 def redis_database(index: int) -> str:
-    url = f"{REDIS_BASE}/{index}"
+    """Database `index` of the session's own redis-server, emptied."""
+    url = redis_server().url(index)
     redis.Redis.from_url(url).flushdb()
     return url
 

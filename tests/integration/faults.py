@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from collections import Counter, defaultdict
 from typing import Any
@@ -103,40 +102,3 @@ def wait_until(predicate, timeout: float = 60, interval: float = 0.1) -> None:  
 def progress(api: str, run_id: str) -> int:
     counts = httpx.get(f"{api}/v1/runs/{run_id}").json()["counts"]
     return counts["succeeded"] + counts["failed"]
-
-
-def restart_redis() -> None:
-    subprocess.run(["redis-cli", "-h", "127.0.0.1", "shutdown", "nosave"], check=False)
-    subprocess.run(
-        [
-            "redis-server",
-            "--daemonize",
-            "yes",
-            "--bind",
-            "127.0.0.1",
-            "--port",
-            "6379",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-        ],
-        check=True,
-    )
-    wait_until(
-        lambda: (
-            subprocess.run(
-                ["redis-cli", "-h", "127.0.0.1", "ping"], capture_output=True
-            ).stdout.strip()
-            == b"PONG"
-        ),
-        timeout=20,
-    )
-
-
-def restart_postgres() -> None:
-    version = subprocess.run(["ls", "/etc/postgresql"], capture_output=True, text=True)
-    cluster = version.stdout.split()[0]
-    subprocess.run(
-        ["pg_ctlcluster", "--skip-systemctl-redirect", cluster, "main", "restart"], check=True
-    )

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from kombu import Connection, Exchange, Queue
 
-import worker.celery_app  # noqa: F401  (what every worker imports)
+from recallq import patches
 from tests.services import redis_database
 
 QUEUE = Queue("broker-test", Exchange("broker-test"), "broker-test")
 
 
 def test_closing_a_collected_connection_with_unacked_messages_does_not_crash() -> None:
+    patches.prepare_kombu()  # what a worker applies when it starts
     url = redis_database(14)
     with Connection(url) as publisher, publisher.Producer() as producer:
         producer.publish(

@@ -15,13 +15,13 @@ from tests.integration.faults import (
     item_rows,
     make_items,
     progress,
-    restart_postgres,
-    restart_redis,
     submit,
     wait_until,
 )
 from tests.services import (
+    PostgresCluster,
     migrated_database,
+    redis_server,
     start_api,
     start_worker,
     wait_for_run,
@@ -34,9 +34,17 @@ pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def pg_database() -> Iterator[str]:
+def postgres() -> Iterator[PostgresCluster]:
+    """A Postgres cluster of this module's own, which one test restarts under the workers."""
+    cluster = PostgresCluster().start()
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def pg_database(postgres: PostgresCluster) -> Iterator[str]:
     """This module's own database: no other test's runs for its workers to pick up."""
-    with migrated_database() as url:
+    with migrated_database(postgres.admin_url) as url:
         yield url
 
 
@@ -132,17 +140,17 @@ def test_redis_restart_mid_run(api, workers, fault_env, clean_stub) -> None:  # 
     workers.append(start_worker(fault_env, concurrency=8))
     run_id = submit(api, make_items("x", 60))
     wait_until(lambda: progress(api, run_id) >= 10, timeout=90)
-    restart_redis()  # no persistence: every queued message is gone
+    redis_server().restart()  # no persistence: every queued message is gone
     run = wait_for_run(api, run_id, timeout=180)
     assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run)
 
 
-def test_postgres_restart_mid_run(api, workers, fault_env, clean_stub) -> None:  # type: ignore[no-untyped-def]
+def test_postgres_restart_mid_run(api, workers, fault_env, clean_stub, postgres) -> None:  # type: ignore[no-untyped-def]
     clean_stub.configure(latency_ms=100)
     workers.append(start_worker(fault_env, concurrency=8))
     run_id = submit(api, make_items("p", 60))
     wait_until(lambda: progress(api, run_id) >= 10, timeout=90)
-    restart_postgres()
+    postgres.restart()
     wait_until(lambda: _api_answers(api, run_id), timeout=60)
     run = wait_for_run(api, run_id, timeout=180)
     assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run)

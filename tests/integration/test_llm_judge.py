@@ -12,11 +12,11 @@ from collections.abc import Callable
 import litellm
 import pytest
 
+from recallq.coordination.gate import OpenGate
+from recallq.coordination.ratelimit import Unlimited
+from recallq.judge.llm import LLMJudge
 from recallq.model_registry import ModelConfig
-from worker.gate import OpenGate
-from worker.judge.llm import LLMJudge
-from worker.ratelimit import Unlimited
-from worker.retry import RetryPolicy
+from recallq.retry import RetryPolicy
 
 
 def _judge(stub, model: str) -> LLMJudge:  # type: ignore[no-untyped-def]
@@ -24,11 +24,33 @@ def _judge(stub, model: str) -> LLMJudge:  # type: ignore[no-untyped-def]
     return LLMJudge(ModelConfig("judge", params), RetryPolicy(), Unlimited(), OpenGate(), 30)
 
 
-def test_a_priced_model_reports_its_cost(clean_stub) -> None:  # type: ignore[no-untyped-def]
-    reply = _judge(clean_stub, "openai/gpt-4o-mini").extract_claims("Ada was born in 1815.")
+def _count_pricing(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Calls of litellm's price calculation (a search of its whole price map)."""
+    priced: list[int] = []
+    original = litellm.response_cost_calculator
+
+    def counted(*args: object, **kwargs: object) -> object:
+        priced.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(litellm, "response_cost_calculator", counted)
+    return priced
+
+
+def test_a_priced_model_reports_its_cost(clean_stub, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    priced = _count_pricing(monkeypatch)
+    reply = _judge(clean_stub, "openai/gpt-4o-mini").extract_claims("Ada was born in 1815.", "r")
     assert reply.data["claims"]
     assert reply.usage.llm_calls == 1 and reply.usage.prompt_tokens > 0
     assert reply.usage.cost_usd > 0
+    assert priced
+
+
+def test_an_unpriced_model_is_not_priced(clean_stub, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    judge = _judge(clean_stub, "openai/stub-judge")
+    priced = _count_pricing(monkeypatch)
+    assert judge.extract_claims("Ada was born in 1815.", "r").usage.llm_calls == 1
+    assert priced == []  # recallq.patches: no price-map search for a model litellm cannot price
 
 
 def test_an_unpriced_model_costs_nothing_and_logs_nothing(
@@ -37,7 +59,7 @@ def test_an_unpriced_model_costs_nothing_and_logs_nothing(
     judge = _judge(clean_stub, "openai/stub-judge")
     with caplog.at_level(logging.DEBUG):
         logging.getLogger().setLevel(logging.INFO)  # as a Celery worker runs
-        reply = judge.attribute(["Ada was born in 1815."], ["Ada: born 1815."])
+        reply = judge.attribute(["Ada was born in 1815."], ["Ada: born 1815."], "r")
     assert reply.data["verdicts"][0]["verdict"] == "yes"
     assert reply.usage.llm_calls == 1 and reply.usage.cost_usd == 0
     assert not [r for r in caplog.records if r.name.startswith("LiteLLM")]
@@ -76,7 +98,9 @@ def test_calls_from_a_worker_thread_build_no_event_loop(
 ) -> None:  # type: ignore[no-untyped-def]
     judge = _judge(clean_stub, "openai/stub-judge")
     made = _count_event_loops(monkeypatch)
-    _in_a_worker_thread(lambda: [judge.extract_claims("Ada was born in 1815.") for _ in range(3)])
+    _in_a_worker_thread(
+        lambda: [judge.extract_claims("Ada was born in 1815.", "r") for _ in range(3)]
+    )
     assert clean_stub.stats()["total"] == 3
     assert made == []
 
@@ -87,25 +111,23 @@ def test_a_registered_service_callback_still_gets_its_events(
     judge = _judge(clean_stub, "openai/stub-judge")
     monkeypatch.setattr(litellm, "service_callback", ["a-listener"])
     made = _count_event_loops(monkeypatch)
-    _in_a_worker_thread(lambda: judge.extract_claims("Ada was born in 1815."))
+    _in_a_worker_thread(lambda: judge.extract_claims("Ada was born in 1815.", "r"))
     assert made  # litellm's own dispatch ran (a thread without a loop gets a fresh one)
 
 
 def test_a_key_missing_from_a_workers_environment_fails_items_at_once(
     clean_stub, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
-    from recallq.settings import get_settings
+    from recallq.judge.base import PermanentJudgeError
+    from recallq.judge.registry import JudgeRegistry
+    from recallq.model_registry import load_models
     from tests.services import write_models_file
-    from worker import judges
-    from worker.judge.base import PermanentJudgeError
 
-    monkeypatch.setenv("RECALLQ_MODELS_FILE", str(write_models_file(tmp_path, clean_stub.base_url)))
+    models = load_models(write_models_file(tmp_path, clean_stub.base_url))
+    registry = JudgeRegistry(models, lambda _: Unlimited(), OpenGate(), RetryPolicy(), 30)
     monkeypatch.delenv("STUB_API_KEY", raising=False)
-    get_settings.cache_clear()
-    try:
-        with pytest.raises(PermanentJudgeError, match="STUB_API_KEY .* is not set"):
-            judges.get_judge("stub-judge")
-    finally:
-        get_settings.cache_clear()
-    assert "stub-judge" not in judges._judges
+    with pytest.raises(PermanentJudgeError, match="STUB_API_KEY .* is not set"):
+        registry.get("stub-judge")
     assert clean_stub.calls() == []
+    monkeypatch.setenv("STUB_API_KEY", "sk-now-set")  # the failure was not kept as the judge
+    assert registry.get("stub-judge").name == "stub-judge"

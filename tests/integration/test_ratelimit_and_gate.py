@@ -8,10 +8,10 @@ import time
 import pytest
 import redis
 
+from recallq.coordination.gate import RedisCallGate, RunCancelled
+from recallq.coordination.ratelimit import RedisRateLimiter
+from recallq.judge.base import RateLimited
 from tests.services import redis_database
-from worker.gate import RedisCallGate, RunCancelled, current_run
-from worker.judge.base import RateLimited
-from worker.ratelimit import RedisRateLimiter
 
 
 @pytest.fixture()
@@ -79,32 +79,23 @@ def test_a_provider_429_halts_every_caller_then_rate_recovers(client) -> None:  
 
 def test_the_gate_refuses_calls_of_a_cancelled_run_and_waits_for_open_ones(client) -> None:  # type: ignore[no-untyped-def]
     gate = RedisCallGate(client, call_timeout=30)
-    token = current_run.set("run-1")
-    try:
-        release = threading.Event()
-        inside = threading.Event()
+    release = threading.Event()
+    inside = threading.Event()
 
-        def long_call() -> None:
-            current_run.set("run-1")
-            with gate.call():
-                inside.set()
-                release.wait(5)
+    def long_call() -> None:
+        with gate.call("run-1"):
+            inside.set()
+            release.wait(5)
 
-        caller = threading.Thread(target=long_call)
-        caller.start()
-        inside.wait(5)
-        gate.close("run-1")
-        with pytest.raises(RunCancelled), gate.call():
-            pass
-        assert gate.wait_idle("run-1", wait=0.2) == 1  # the open call is still running
-        release.set()
-        caller.join()
-        assert gate.wait_idle("run-1", wait=2) == 0
-    finally:
-        current_run.reset(token)
-    other = current_run.set("run-2")  # other runs are unaffected
-    try:
-        with gate.call():
-            pass
-    finally:
-        current_run.reset(other)
+    caller = threading.Thread(target=long_call)
+    caller.start()
+    inside.wait(5)
+    gate.close("run-1")
+    with pytest.raises(RunCancelled), gate.call("run-1"):
+        pass
+    assert gate.wait_idle("run-1", wait=0.2) == 1  # the open call is still running
+    release.set()
+    caller.join()
+    assert gate.wait_idle("run-1", wait=2) == 0
+    with gate.call("run-2"):  # other runs are unaffected
+        pass

@@ -9,19 +9,20 @@ at its next sweep, not 600 s later when the stage's lease runs out.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import pytest
-import redis
 from sqlalchemy import select
 
-from recallq import db, ingest
-from recallq.models import Claim, Item, ItemStatus
-from recallq.settings import get_settings
+from recallq import ingest
+from recallq.judge.base import JudgeReply, Usage
+from recallq.models import Claim, Item
+from recallq.outcomes import Continue, Ended, Skipped, SkipReason, Taken
+from recallq.runtime import Runtime
+from recallq.settings import Settings
+from recallq.status import ItemStatus
 from tests.services import migrated_database, redis_database
-from worker import judges, liveness, pipeline, reaper
-from worker.judge.base import JudgeReply, Usage
 
 MODEL = "ownership-probe"
 
@@ -36,10 +37,10 @@ class ProbeJudge:
         self.attribution_calls = 0
         self.during_attribution: Callable[[], None] = lambda: None
 
-    def extract_claims(self, ground_truth: str) -> JudgeReply:
+    def extract_claims(self, ground_truth: str, run_id: str) -> JudgeReply:
         return JudgeReply({"claims": [ground_truth]}, Usage(llm_calls=1))
 
-    def attribute(self, claims: list[str], contexts: list[str]) -> JudgeReply:
+    def attribute(self, claims: list[str], contexts: list[str], run_id: str) -> JudgeReply:
         self.attribution_calls += 1
         self.during_attribution()
         verdicts = [
@@ -47,6 +48,19 @@ class ProbeJudge:
             for i in range(len(claims))
         ]
         return JudgeReply({"verdicts": verdicts}, Usage(llm_calls=1))
+
+
+class SentNowhere:
+    """A work queue that only records what the engine sends."""
+
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+
+    def send_items(self, item_ids: Sequence[int]) -> None:
+        self.sent += item_ids
+
+    def send_dispatch(self, run_id: str) -> None:
+        pass
 
 
 @pytest.fixture(scope="module")
@@ -57,123 +71,134 @@ def pg_database() -> Iterator[str]:
 
 
 @pytest.fixture()
-def stage_env(pg_database: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
-    url = redis_database(14)
-    monkeypatch.setenv("RECALLQ_DATABASE_URL", pg_database)
-    monkeypatch.setenv("RECALLQ_REDIS_URL", url)
-    get_settings.cache_clear()
-    db.dispose_engines()
+def workers(pg_database: str) -> Iterator[Callable[[str], Runtime]]:
+    """Runtimes of worker processes, by worker id, sharing one probe judge."""
+    settings = Settings(database_url=pg_database, redis_url=redis_database(14))
     judge = ProbeJudge()
-    monkeypatch.setitem(judges._judges, MODEL, judge)
-    client = redis.Redis.from_url(url)
-    yield {"judge": judge, "redis": client}
-    client.flushdb()
-    db.dispose_engines()
-    get_settings.cache_clear()
+    made: list[Runtime] = []
+
+    def worker(worker_id: str) -> Runtime:
+        runtime = Runtime.distributed(
+            settings, SentNowhere(), worker_id=worker_id, judges={MODEL: judge}
+        )
+        made.append(runtime)
+        return runtime
+
+    yield worker
+    for runtime in made:
+        runtime.close()
 
 
-def _queued_item() -> int:
+def _judge(runtime: Runtime) -> ProbeJudge:
+    judge = runtime.judges.get(MODEL)
+    assert isinstance(judge, ProbeJudge)
+    return judge
+
+
+def _queued_item(runtime: Runtime) -> int:
     spec = ingest.build_spec(model=MODEL, known_models=[MODEL])
     ground_truth = f"Ada was born in 1815 ({uuid.uuid4()})."  # no claim-cache hit across tests
-    with db.session_scope() as session:
+    with runtime.database.session() as session:
         run = ingest.create_run(
-            session, spec, [{"ground_truth": ground_truth, "context": ["Ada: 1815."]}]
+            session,
+            runtime.runs,
+            spec,
+            [{"ground_truth": ground_truth, "context": ["Ada: 1815."]}],
+            runtime.settings,
         )
         run_id = run.id
-    pipeline.dispatch(run_id, lambda ids: None)  # the run starts; its item is queued
-    with db.session_scope() as session:
+    runtime.engine.dispatch(run_id)  # the run starts; its item is queued
+    with runtime.database.session() as session:
         return session.scalars(select(Item.id).where(Item.run_id == run_id)).one()
 
 
-def _item(item_id: int) -> Item:
-    with db.session_scope() as session:
+def _item(runtime: Runtime, item_id: int) -> Item:
+    with runtime.database.session() as session:
         item = session.get(Item, item_id)
     assert item is not None
     return item
 
 
-def _extracted_on(worker_id: str, item_id: int, monkeypatch: pytest.MonkeyPatch) -> Any:
-    monkeypatch.setattr(liveness, "WORKER_ID", worker_id)
-    taken = pipeline.take(item_id, lambda owner: True)
-    assert isinstance(taken, pipeline.Taken)
-    extracted = pipeline.extract(taken)
-    assert isinstance(extracted, pipeline.Taken) and extracted.claims
-    return extracted
+def _extracted(runtime: Runtime, item_id: int) -> Taken:
+    taken = runtime.engine.take(item_id)
+    assert isinstance(taken, Continue)
+    extracted = runtime.engine.extract(taken.taken)
+    assert isinstance(extracted, Continue) and extracted.taken.claims
+    return extracted.taken
 
 
 def test_attribution_worker_that_dies_is_noticed_while_the_extracting_one_lives(
-    stage_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    workers: Callable[[str], Runtime],
 ) -> None:
-    client, judge = stage_env["redis"], stage_env["judge"]
-    item_id = _queued_item()
-    extracted = _extracted_on("host:extracting", item_id, monkeypatch)
+    extracting, attributing = workers("host:extracting"), workers("host:attributing")
+    item_id = _queued_item(extracting)
+    extracted = _extracted(extracting, item_id)
 
     # the extracting worker keeps beating; the attributing one never will again (SIGKILL)
-    client.set(liveness.heartbeat_key("host:extracting"), "1", ex=60)
-    monkeypatch.setattr(liveness, "WORKER_ID", "host:attributing")
+    assert extracting.heartbeat is not None
+    extracting.heartbeat.beat()
+    reaper = extracting.reaper()
     seen_as_lost: list[list[int]] = []
-    judge.during_attribution = lambda: seen_as_lost.append(
-        reaper.items_to_requeue(client, broker_lost=False)
+    _judge(attributing).during_attribution = lambda: seen_as_lost.append(
+        reaper.items_to_requeue(broker_lost=False)
     )
-    pipeline.attribute(extracted)
+    attributing.engine.attribute(extracted)
 
     assert seen_as_lost == [[item_id]]
 
 
 def test_a_duplicate_attribution_message_makes_no_second_call(
-    stage_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    workers: Callable[[str], Runtime],
 ) -> None:
-    judge = stage_env["judge"]
-    item_id = _queued_item()
-    extracted = _extracted_on("host:one", item_id, monkeypatch)
+    runtime = workers("host:one")
+    judge = _judge(runtime)
+    item_id = _queued_item(runtime)
+    extracted = _extracted(runtime, item_id)
 
     duplicate_results: list[Any] = []
-    judge.during_attribution = lambda: duplicate_results.append(pipeline.attribute(extracted))
-    ended = pipeline.attribute(extracted)
+    judge.during_attribution = lambda: duplicate_results.append(runtime.engine.attribute(extracted))
+    ended = runtime.engine.attribute(extracted)
 
-    assert duplicate_results == [None]  # the copy found the item no longer its own
+    assert duplicate_results == [Skipped(SkipReason.NOT_OWNED)]  # no longer the copy's own
     assert judge.attribution_calls == 1
-    assert isinstance(ended, pipeline.Ended)
-    item = _item(item_id)
+    assert isinstance(ended, Ended)
+    item = _item(runtime, item_id)
     assert item.status == ItemStatus.SUCCEEDED and item.llm_calls == 2
 
 
 def test_an_item_taken_again_keeps_when_it_first_started(
-    stage_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    workers: Callable[[str], Runtime],
 ) -> None:
-    item_id = _queued_item()
-    first = pipeline.take(item_id, lambda owner: True)
-    assert isinstance(first, pipeline.Taken)
-    started = _item(item_id).started_at
+    runtime = workers("host:one")
+    item_id = _queued_item(runtime)
+    first = runtime.engine.take(item_id)
+    assert isinstance(first, Continue)
+    started = _item(runtime, item_id).started_at
     assert started is not None
 
-    reaper.requeue([item_id], lambda ids: None)  # its worker died: back to the queue
-    again = pipeline.take(item_id, lambda owner: False)
+    runtime.items.requeue_lost([item_id])  # its worker died: back to the queue
+    again = runtime.engine.take(item_id)
 
-    assert isinstance(again, pipeline.Taken) and again.owner != first.owner
-    item = _item(item_id)
+    assert isinstance(again, Continue) and again.taken.owner != first.taken.owner
+    item = _item(runtime, item_id)
     assert item.started_at == started and item.attempts == 2
 
 
 def test_calls_in_flight_when_the_run_is_cancelled_still_count(
-    stage_env: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+    workers: Callable[[str], Runtime],
 ) -> None:
-    judge = stage_env["judge"]
-    item_id = _queued_item()
-    extracted = _extracted_on("host:one", item_id, monkeypatch)
+    runtime = workers("host:one")
+    item_id = _queued_item(runtime)
+    extracted = _extracted(runtime, item_id)
+    with runtime.database.session() as session:
+        run_id = session.get(Item, item_id).run_id  # type: ignore[union-attr]
 
-    def cancel_the_run() -> None:  # what POST /cancel writes, while the call is out
-        with db.session_scope() as session:
-            item = session.get(Item, item_id)
-            assert item is not None
-            item.status = ItemStatus.CANCELLED
+    _judge(runtime).during_attribution = lambda: runtime.runs.cancel(run_id, "default")
+    assert runtime.engine.attribute(extracted) == Skipped(SkipReason.NOT_OWNED)
 
-    judge.during_attribution = cancel_the_run
-    assert pipeline.attribute(extracted) is None
-
-    item = _item(item_id)
+    item = _item(runtime, item_id)
     assert item.status == ItemStatus.CANCELLED and item.score is None
     assert item.llm_calls == 2  # extraction and the attribution that was in flight
-    with db.session_scope() as session:
+    with runtime.database.session() as session:
         verdicts = session.scalars(select(Claim.verdict).where(Claim.item_id == item_id)).all()
     assert verdicts == [None]  # its answer is not written

@@ -7,7 +7,7 @@ import os
 import pytest
 from sqlalchemy import func, select
 
-from recallq.db import dispose_engines, session_scope
+from recallq.db import Database
 from recallq.ingest import (
     RunSpec,
     SubmissionError,
@@ -18,26 +18,19 @@ from recallq.ingest import (
 )
 from recallq.migrate import upgrade
 from recallq.models import Item, Run
-from recallq.settings import get_settings
+from recallq.settings import Settings
+from recallq.store import ItemStore, RunStore
 
 KNOWN = ["local/lexical"]
+MAX_ITEM = Settings().max_item_bytes
 
 
 @pytest.fixture(autouse=True)
-def settings_env(monkeypatch):
-    """Settings from a clean RECALLQ_ environment; call the fixture to set variables."""
+def clean_environment(monkeypatch):
+    """Settings come from the test's own arguments, not from RECALLQ_ variables around it."""
     for name in list(os.environ):
         if name.startswith("RECALLQ_"):
             monkeypatch.delenv(name)
-    get_settings.cache_clear()
-
-    def set_env(**values: object) -> None:
-        for key, value in values.items():
-            monkeypatch.setenv(f"RECALLQ_{key.upper()}", str(value))
-        get_settings.cache_clear()
-
-    yield set_env
-    get_settings.cache_clear()
 
 
 def spec(**kwargs) -> RunSpec:
@@ -92,11 +85,12 @@ def test_build_spec_default_model_from_settings(model) -> None:
     assert build_spec(model=model, known_models=KNOWN).model == "local/lexical"
 
 
-def test_build_spec_default_model_follows_the_environment(settings_env) -> None:
-    settings_env(default_model="gpt-4o-mini")
-    assert build_spec(model=None, known_models=["gpt-4o-mini"]).model == "gpt-4o-mini"
+def test_build_spec_default_model_follows_the_settings() -> None:
+    default = Settings(default_model="gpt-4o-mini").default_model
+    chosen = build_spec(model=None, known_models=["gpt-4o-mini"], default_model=default)
+    assert chosen.model == "gpt-4o-mini"
     with pytest.raises(SubmissionError) as info:
-        build_spec(model=None, known_models=KNOWN)
+        build_spec(model=None, known_models=KNOWN, default_model=default)
     assert info.value.code == "unknown_model"
 
 
@@ -335,12 +329,12 @@ def test_failing_extractor_names_the_item() -> None:
 
 def test_ndjson_skips_blank_lines() -> None:
     lines = ['{"id": "a"}\n', "\n", "   \n", b'{"id": "b"}\n', b"\r\n", b"", '{"id": "c"}']
-    assert list(parse_ndjson_lines(lines)) == [{"id": "a"}, {"id": "b"}, {"id": "c"}]
+    assert list(parse_ndjson_lines(lines, MAX_ITEM)) == [{"id": "a"}, {"id": "b"}, {"id": "c"}]
 
 
 def test_ndjson_accepts_non_object_json() -> None:
     # shape is item_row's job; parsing only decodes
-    assert list(parse_ndjson_lines(["[1]", "3", "null"])) == [[1], 3, None]
+    assert list(parse_ndjson_lines(["[1]", "3", "null"], MAX_ITEM)) == [[1], 3, None]
 
 
 @pytest.mark.parametrize(
@@ -348,7 +342,7 @@ def test_ndjson_accepts_non_object_json() -> None:
 )
 def test_ndjson_invalid_line_names_its_number(bad) -> None:
     lines = ['{"id": "a"}', "", bad, '{"id": "c"}']
-    items = parse_ndjson_lines(lines)
+    items = parse_ndjson_lines(lines, MAX_ITEM)
     assert next(items) == {"id": "a"}
     with pytest.raises(SubmissionError) as info:
         next(items)
@@ -357,17 +351,10 @@ def test_ndjson_invalid_line_names_its_number(bad) -> None:
     assert info.value.message.startswith("line 3: invalid JSON")
 
 
-def test_ndjson_line_numbers_start_at_start_line() -> None:
-    with pytest.raises(SubmissionError) as info:
-        list(parse_ndjson_lines(['{"id": "a"}', "oops"], start_line=10))
-    assert info.value.message.startswith("line 11:")
-
-
-def test_ndjson_line_too_large(settings_env) -> None:
-    settings_env(max_item_bytes=20)
+def test_ndjson_line_too_large() -> None:
     lines = [b'{"id": "a"}', b'{"id": "' + b"x" * 30 + b'"}']
     with pytest.raises(SubmissionError) as info:
-        list(parse_ndjson_lines(lines))
+        list(parse_ndjson_lines(lines, max_bytes=20))
     assert (info.value.code, info.value.status) == ("item_too_large", 413)
     assert info.value.message.startswith("line 2:")
 
@@ -376,163 +363,172 @@ def test_ndjson_line_too_large(settings_env) -> None:
 
 
 @pytest.fixture
-def db_url(tmp_path):
+def db(tmp_path):
     url = "sqlite:///" + str(tmp_path / "t.db")
     upgrade(url)
-    yield url
-    dispose_engines()
+    database = Database(url)
+    yield database
+    database.dispose()
 
 
-def counts(url: str) -> tuple[int, int]:
-    with session_scope(url) as session:
+def counts(db: Database) -> tuple[int, int]:
+    with db.session() as session:
         runs = session.scalar(select(func.count()).select_from(Run))
         items = session.scalar(select(func.count()).select_from(Item))
     return runs, items
 
 
-def stored_items(url: str, run_id: str) -> list[Item]:
-    with session_scope(url) as session:
+def stored_items(db: Database, run_id: str) -> list[Item]:
+    with db.session() as session:
         return list(session.scalars(select(Item).where(Item.run_id == run_id).order_by(Item.idx)))
 
 
-def submit(url: str, run_spec: RunSpec, items) -> str:
-    with session_scope(url) as session:
-        return create_run(session, run_spec, items).id
+def _create(db: Database, run_spec: RunSpec, items, settings: dict) -> str:
+    config = Settings(**settings)
+    runs = RunStore(db, ItemStore(db, 600, 120), config.insert_batch_size)
+    with db.session() as session:
+        return create_run(session, runs, run_spec, items, config).id
 
 
-def rejected(url: str, run_spec: RunSpec, items) -> SubmissionError:
-    with pytest.raises(SubmissionError) as info, session_scope(url) as session:
-        create_run(session, run_spec, items)
+def submit(db: Database, run_spec: RunSpec, items, **settings) -> str:
+    return _create(db, run_spec, items, settings)
+
+
+def rejected(db: Database, run_spec: RunSpec, items, **settings) -> SubmissionError:
+    with pytest.raises(SubmissionError) as info:
+        _create(db, run_spec, items, settings)
     return info.value
 
 
-def test_create_run_stores_run_and_items_in_order(db_url) -> None:
+def test_create_run_stores_run_and_items_in_order(db) -> None:
     run_spec = spec(name="n", scale=10, context=["static"])
     items = [
         {"id": "q1", "ground_truth": "first", "context": ["own"]},
         {"ground_truth": {"fact": 1}},
         {"id": 7, "input": {"q": "?"}, "output": "o"},
     ]
-    run_id = submit(db_url, run_spec, items)
+    run_id = submit(db, run_spec, items)
 
-    with session_scope(db_url) as session:
+    with db.session() as session:
         run = session.get(Run, run_id)
         assert run is not None
         assert (run.name, run.model, run.scale, run.total_items) == ("n", "local/lexical", 10.0, 3)
         assert (run.status, run.project, run.context) == ("queued", "default", ["static"])
-    stored = stored_items(db_url, run_id)
+    stored = stored_items(db, run_id)
     assert [(i.idx, i.key) for i in stored] == [(0, "q1"), (1, "1"), (2, "7")]
     assert [i.ground_truth for i in stored] == ["first", '{"fact": 1}', None]
     assert [i.contexts for i in stored] == [["own"], ["static"], ["static"]]
     assert (stored[2].input, stored[2].output) == ({"q": "?"}, "o")
     assert {i.status for i in stored} == {"pending"}
-    assert counts(db_url) == (1, 3)
+    assert counts(db) == (1, 3)
 
 
-def test_create_run_across_batches_from_a_generator(db_url, settings_env) -> None:
-    settings_env(insert_batch_size=2)
-    run_id = submit(db_url, spec(context=["s"]), ({"id": f"k{i}"} for i in range(5)))
-    stored = stored_items(db_url, run_id)
+def test_create_run_across_batches_from_a_generator(db) -> None:
+    settings = {"insert_batch_size": 2}
+    run_id = submit(db, spec(context=["s"]), ({"id": f"k{i}"} for i in range(5)), **settings)
+    stored = stored_items(db, run_id)
     assert [(i.idx, i.key) for i in stored] == [(i, f"k{i}") for i in range(5)]
-    assert counts(db_url) == (1, 5)
+    assert counts(db) == (1, 5)
 
 
-def test_create_run_from_ndjson_lines(db_url) -> None:
+def test_create_run_from_ndjson_lines(db) -> None:
     lines = [b'{"id": "a", "context": ["c"]}\n', b"\n", b'{"id": "b"}\n']
-    run_id = submit(db_url, spec(), parse_ndjson_lines(lines))
-    assert [i.key for i in stored_items(db_url, run_id)] == ["a", "b"]
+    run_id = submit(db, spec(), parse_ndjson_lines(lines, MAX_ITEM))
+    assert [i.key for i in stored_items(db, run_id)] == ["a", "b"]
 
 
 @pytest.mark.parametrize(
     "ids", [["a", "b", "a"], [1, "1"], ["x", "x"]], ids=["later", "int-vs-str", "adjacent"]
 )
-def test_duplicate_ids_are_rejected(db_url, ids) -> None:
-    error = rejected(db_url, spec(context=["s"]), [{"id": key} for key in ids])
+def test_duplicate_ids_are_rejected(db, ids) -> None:
+    error = rejected(db, spec(context=["s"]), [{"id": key} for key in ids])
     assert (error.code, error.status) == ("duplicate_id", 422)
-    assert counts(db_url) == (0, 0)
+    assert counts(db) == (0, 0)
 
 
-def test_duplicate_id_against_the_default_id_is_rejected(db_url) -> None:
+def test_duplicate_id_against_the_default_id_is_rejected(db) -> None:
     # the second item's id defaults to "1"
-    error = rejected(db_url, spec(context=["s"]), [{"id": "1"}, {}])
+    error = rejected(db, spec(context=["s"]), [{"id": "1"}, {}])
     assert error.code == "duplicate_id"
-    assert counts(db_url) == (0, 0)
+    assert counts(db) == (0, 0)
 
 
-def test_duplicate_ids_in_different_batches_are_rejected(db_url, settings_env) -> None:
-    settings_env(insert_batch_size=2)
+def test_duplicate_ids_in_different_batches_are_rejected(db) -> None:
+    settings = {"insert_batch_size": 2}
     items = [{"id": "a"}, {"id": "b"}, {"id": "c"}, {"id": "a"}]
-    error = rejected(db_url, spec(context=["s"]), items)
+    error = rejected(db, spec(context=["s"]), items, **settings)
     assert error.code == "duplicate_id"
-    assert counts(db_url) == (0, 0)
+    assert counts(db) == (0, 0)
 
 
-def test_same_ids_in_different_runs_are_fine(db_url) -> None:
-    submit(db_url, spec(context=["s"]), [{"id": "a"}])
-    submit(db_url, spec(context=["s"]), [{"id": "a"}])
-    assert counts(db_url) == (2, 2)
+def test_same_ids_in_different_runs_are_fine(db) -> None:
+    submit(db, spec(context=["s"]), [{"id": "a"}])
+    submit(db, spec(context=["s"]), [{"id": "a"}])
+    assert counts(db) == (2, 2)
 
 
-@pytest.mark.parametrize("items", [[], iter(()), parse_ndjson_lines(["", "\n"])], ids=repr)
-def test_empty_run_is_rejected(db_url, items) -> None:
-    error = rejected(db_url, spec(context=["s"]), items)
+@pytest.mark.parametrize(
+    "items", [[], iter(()), parse_ndjson_lines(["", "\n"], MAX_ITEM)], ids=repr
+)
+def test_empty_run_is_rejected(db, items) -> None:
+    error = rejected(db, spec(context=["s"]), items)
     assert (error.code, error.status) == ("empty_run", 422)
-    assert counts(db_url) == (0, 0)
+    assert counts(db) == (0, 0)
 
 
 @pytest.mark.parametrize("static", [None, [], ["   "], ""], ids=repr)
-def test_run_without_any_context_source_is_rejected(db_url, static) -> None:
+def test_run_without_any_context_source_is_rejected(db, static) -> None:
     items = [{"id": "a", "ground_truth": "x"}, {"id": "b", "input": "q", "output": "o"}]
-    error = rejected(db_url, spec(context=static), items)
+    error = rejected(db, spec(context=static), items)
     assert (error.code, error.status) == ("no_context", 422)
-    assert counts(db_url) == (0, 0)
+    assert counts(db) == (0, 0)
 
 
-def test_extractor_that_never_applies_gives_no_context(db_url) -> None:
+def test_extractor_that_never_applies_gives_no_context(db) -> None:
     run_spec = spec(context_extractor={"type": "tool_results"})
-    error = rejected(db_url, run_spec, [{"id": "a", "input": "q", "output": "plain text"}])
+    error = rejected(db, run_spec, [{"id": "a", "input": "q", "output": "plain text"}])
     assert error.code == "no_context"
-    assert counts(db_url) == (0, 0)
+    assert counts(db) == (0, 0)
 
 
-def test_one_item_with_context_is_enough(db_url) -> None:
-    run_id = submit(db_url, spec(), [{"id": "a"}, {"id": "b", "context": ["c"]}])
-    assert [i.contexts for i in stored_items(db_url, run_id)] == [[], ["c"]]
+def test_one_item_with_context_is_enough(db) -> None:
+    run_id = submit(db, spec(), [{"id": "a"}, {"id": "b", "context": ["c"]}])
+    assert [i.contexts for i in stored_items(db, run_id)] == [[], ["c"]]
 
 
-def test_agent_items_with_extractor_are_accepted(db_url) -> None:
-    run_id = submit(db_url, spec(context_extractor={"type": "tool_results"}), [agent_item()])
-    assert stored_items(db_url, run_id)[0].contexts == ["doc one", "doc two"]
+def test_agent_items_with_extractor_are_accepted(db) -> None:
+    run_id = submit(db, spec(context_extractor={"type": "tool_results"}), [agent_item()])
+    assert stored_items(db, run_id)[0].contexts == ["doc one", "doc two"]
 
 
-def test_bad_item_after_inserted_batches_leaves_nothing(db_url, settings_env) -> None:
-    settings_env(insert_batch_size=1)
+def test_bad_item_after_inserted_batches_leaves_nothing(db) -> None:
+    settings = {"insert_batch_size": 1}
     items = [{"id": "a"}, {"id": "b"}, {"id": "c", "bogus": 1}]
-    error = rejected(db_url, spec(context=["s"]), items)
+    error = rejected(db, spec(context=["s"]), items, **settings)
     assert error.message == "item 2: unknown field(s) bogus"
-    assert counts(db_url) == (0, 0)
+    assert counts(db) == (0, 0)
 
 
-def test_bad_ndjson_line_after_inserted_batches_leaves_nothing(db_url, settings_env) -> None:
-    settings_env(insert_batch_size=1)
+def test_bad_ndjson_line_after_inserted_batches_leaves_nothing(db) -> None:
+    settings = {"insert_batch_size": 1}
     lines = ['{"id": "a"}', '{"id": "b"}', "{broken"]
-    error = rejected(db_url, spec(context=["s"]), parse_ndjson_lines(lines))
+    error = rejected(db, spec(context=["s"]), parse_ndjson_lines(lines, MAX_ITEM), **settings)
     assert error.code == "invalid_json"
-    assert counts(db_url) == (0, 0)
+    assert counts(db) == (0, 0)
 
 
-def test_too_many_items_is_rejected(db_url, settings_env) -> None:
-    settings_env(max_items_per_run=2)
-    submit(db_url, spec(context=["s"]), [{"id": "a"}, {"id": "b"}])
-    error = rejected(db_url, spec(context=["s"]), [{"id": "a"}, {"id": "b"}, {"id": "c"}])
+def test_too_many_items_is_rejected(db) -> None:
+    settings = {"max_items_per_run": 2}
+    submit(db, spec(context=["s"]), [{"id": "a"}, {"id": "b"}], **settings)
+    error = rejected(db, spec(context=["s"]), [{"id": "a"}, {"id": "b"}, {"id": "c"}], **settings)
     assert (error.code, error.status) == ("too_many_items", 413)
-    assert counts(db_url) == (1, 2)
+    assert counts(db) == (1, 2)
 
 
-def test_rejected_run_keeps_earlier_runs(db_url) -> None:
-    run_id = submit(db_url, spec(context=["s"]), [{"id": "a"}, {"id": "b"}])
-    rejected(db_url, spec(context=["s"]), [{"id": "x"}, {"id": "x"}])
-    rejected(db_url, spec(), [{"id": "y"}])
-    rejected(db_url, spec(context=["s"]), [])
-    assert counts(db_url) == (1, 2)
-    assert [i.key for i in stored_items(db_url, run_id)] == ["a", "b"]
+def test_rejected_run_keeps_earlier_runs(db) -> None:
+    run_id = submit(db, spec(context=["s"]), [{"id": "a"}, {"id": "b"}])
+    rejected(db, spec(context=["s"]), [{"id": "x"}, {"id": "x"}])
+    rejected(db, spec(), [{"id": "y"}])
+    rejected(db, spec(context=["s"]), [])
+    assert counts(db) == (1, 2)
+    assert [i.key for i in stored_items(db, run_id)] == ["a", "b"]

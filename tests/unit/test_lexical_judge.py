@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from worker.judge.base import Usage
-from worker.judge.lexical import (
+from recallq.judge.base import Usage
+from recallq.judge.lexical import (
     SUPPORT_THRESHOLD,
     LexicalJudge,
     split_claims,

@@ -1,4 +1,4 @@
-"""Unit tests for worker.judge.protocol: CONTRACT "Judge protocol v1"."""
+"""Unit tests for recallq.judge.protocol: the judge protocol v1 prompts, schemas and parsing."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from worker.judge.protocol import (
+from recallq.judge.protocol import (
     ATTRIBUTION,
     ATTRIBUTION_SCHEMA,
     EXTRACTION,

@@ -1,4 +1,4 @@
-"""Unit tests for recallq.scoring: CONTRACT "Scoring semantics" points 1-4, 6 and 7."""
+"""Unit tests for recallq.scoring: the scoring rules (ground truth, claims, verdicts, reason)."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 Retries sleep in the calling thread (bounded by max_delay and max_attempts), so they never sit in
 a worker's memory as countdown tasks; a rate-limit wait that would be long is handed back to the
-pipeline instead (RateLimited), which puts the item back in the database.
+engine instead (RateLimited), which puts the item back in the queue until capacity is expected.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from worker.judge.base import PermanentJudgeError, TransientJudgeError, Usage
+from recallq.judge.base import PermanentJudgeError, TransientJudgeError
 
 T = TypeVar("T")
 
@@ -35,7 +35,6 @@ class RetryPolicy:
 def call_with_retries(
     attempt: Callable[[], T],
     policy: RetryPolicy,
-    usage: Usage,
     sleep: Callable[[float], None] = time.sleep,
 ) -> T:
     for number in range(1, policy.max_attempts + 1):
@@ -43,8 +42,6 @@ def call_with_retries(
             return attempt()
         except TransientJudgeError as exc:
             if number == policy.max_attempts:
-                raise PermanentJudgeError(
-                    f"gave up after {number} attempts: {exc}", usage=usage
-                ) from exc
+                raise PermanentJudgeError(f"gave up after {number} attempts: {exc}") from exc
             sleep(policy.delay(number, exc.retry_after))
     raise AssertionError("unreachable")

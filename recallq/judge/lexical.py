@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from worker.judge.base import JudgeReply, Usage
+from recallq.judge.base import JudgeReply
 
 __all__ = ["LexicalJudge", "split_claims", "supporting_contexts"]
 
@@ -103,13 +103,13 @@ class LexicalJudge:
     name = "local/lexical"
     prompt_version = "lexical-1"
 
-    def extract_claims(self, ground_truth: str) -> JudgeReply:
-        return JudgeReply(data={"claims": split_claims(ground_truth)}, usage=Usage())
+    def extract_claims(self, ground_truth: str, run_id: str = "") -> JudgeReply:
+        return JudgeReply(data={"claims": split_claims(ground_truth)})
 
-    def attribute(self, claims: list[str], contexts: list[str]) -> JudgeReply:
+    def attribute(self, claims: list[str], contexts: list[str], run_id: str = "") -> JudgeReply:
         context_words = [set(_content_words(context)) for context in contexts]
         verdicts = [_verdict(index, claim, context_words) for index, claim in enumerate(claims)]
-        return JudgeReply(data={"verdicts": verdicts}, usage=Usage())
+        return JudgeReply(data={"verdicts": verdicts})
 
 
 def _split_sentences(line: str) -> list[str]:

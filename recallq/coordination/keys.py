@@ -1,0 +1,30 @@
+"""Every Redis key recallq uses, named once. All start with `recallq:`."""
+
+from __future__ import annotations
+
+PREFIX = "recallq:"
+
+#: Set once on a fresh broker; its absence tells the reaper Redis lost its data.
+BROKER_EPOCH = PREFIX + "broker-epoch"
+#: Held by the one worker sweeping for lost work.
+REAPER_LOCK = PREFIX + "reaper-lock"
+
+
+def heartbeat(worker_id: str) -> str:
+    """Present while the worker beats (expires after the heartbeat TTL)."""
+    return f"{PREFIX}worker:{worker_id}"
+
+
+def run_cancelled(run_id: str) -> str:
+    """Set when a run is cancelled: the call gate refuses its calls."""
+    return f"{PREFIX}cancelled:{run_id}"
+
+
+def run_calls_in_flight(run_id: str) -> str:
+    """Sorted set of the run's judge calls in flight, scored by when each expires."""
+    return f"{PREFIX}inflight:{run_id}"
+
+
+def rate_limit(model: str) -> str:
+    """Hash: the model's GCRA state (next free request and token times, penalty factor)."""
+    return f"{PREFIX}ratelimit:{model}"

@@ -1,0 +1,48 @@
+"""Who this worker process is, and the heartbeat that tells the reaper it is alive."""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+
+from redis import Redis
+
+from recallq.coordination import keys
+
+WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def new_owner_token(worker_id: str = WORKER_ID) -> str:
+    """Marks one taking of an item: the worker's id, then a unique part."""
+    return f"{worker_id}/{uuid.uuid4().hex[:12]}"
+
+
+def worker_of(owner: str) -> str:
+    return owner.rsplit("/", 1)[0]
+
+
+class Heartbeat:
+    """This worker's heartbeat in Redis, and other workers' liveness."""
+
+    def __init__(self, redis: Redis, ttl: float, worker_id: str = WORKER_ID) -> None:
+        self._redis = redis
+        self.ttl = ttl
+        self.worker_id = worker_id
+
+    @property
+    def interval(self) -> float:
+        return self.ttl / 4
+
+    def beat(self) -> None:
+        self._redis.set(keys.heartbeat(self.worker_id), "1", px=int(self.ttl * 1000))
+
+    def alive(self, worker_ids: list[str]) -> set[str]:
+        if not worker_ids:
+            return set()
+        found = self._redis.mget([keys.heartbeat(w) for w in worker_ids])
+        return {w for w, value in zip(worker_ids, found, strict=True) if value is not None}
+
+    def holder_alive(self, owner: str) -> bool:
+        """Whether the worker named in an item's owner token still beats."""
+        return bool(self.alive([worker_of(owner)]))

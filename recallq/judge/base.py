@@ -1,0 +1,87 @@
+"""What every judge speaks: judge protocol v1 shapes, what its calls used, and its errors."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What judge calls used, as the provider reported it. A value: calls add up with `+`."""
+
+    llm_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cost_usd: float = 0.0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.llm_calls + other.llm_calls,
+            self.prompt_tokens + other.prompt_tokens,
+            self.completion_tokens + other.completion_tokens,
+            self.cost_usd + other.cost_usd,
+        )
+
+
+NO_USAGE = Usage()
+
+
+@dataclass(frozen=True)
+class JudgeReply:
+    """A judge's parsed JSON answer (protocol v1 shape) and what it used."""
+
+    data: dict[str, Any]
+    usage: Usage = field(default=NO_USAGE)
+
+
+class JudgeError(Exception):
+    """A judge call that did not produce a usable answer. `usage` counts every call that was
+    answered (and so billed) on the way, so the item is charged for them whatever happens."""
+
+    def __init__(self, message: str, usage: Usage = NO_USAGE) -> None:
+        super().__init__(message)
+        self.usage = usage
+
+    def after(self, spent: Usage) -> JudgeError:
+        """This error, also charged with `spent`: what calls before the failing one used."""
+        self.usage = spent + self.usage
+        return self
+
+
+class TransientJudgeError(JudgeError):
+    """Worth retrying later: 429, timeouts, 5xx, connection errors."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class RateLimited(JudgeError):
+    """No capacity within the wait a call may block: the item is put back for `delay` seconds."""
+
+    def __init__(self, model: str, delay: float) -> None:
+        super().__init__(f"rate limit of {model}: next capacity in {delay:.1f}s")
+        self.delay = delay
+
+
+class PermanentJudgeError(JudgeError):
+    """Retrying cannot help: bad request, auth, unknown model, context window exceeded,
+    or an answer that stayed malformed after one repair request."""
+
+
+class Judge(Protocol):
+    """Judge protocol v1. `run_id` names the run a call is made for (a cancelled run's calls
+    are refused).
+
+    extract_claims: data {"ground_truth": str} -> {"claims": [str, ...]}
+    attribute: data {"claims": [{"index", "text"}], "contexts": [{"index", "text"}]}
+               -> {"verdicts": [{"claim_index", "verdict", "context_indices", "reason"}]}
+    """
+
+    name: str
+    prompt_version: str
+
+    def extract_claims(self, ground_truth: str, run_id: str) -> JudgeReply: ...
+
+    def attribute(self, claims: list[str], contexts: list[str], run_id: str) -> JudgeReply: ...

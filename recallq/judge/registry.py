@@ -1,0 +1,54 @@
+"""Which judge serves a model name: built on first use, once per process, with the shared pieces
+an LLM judge needs from its runtime (rate limiter, call gate, retry policy)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Mapping
+
+from recallq.coordination.gate import CallGate
+from recallq.coordination.ratelimit import RateLimiter
+from recallq.judge.base import Judge, PermanentJudgeError
+from recallq.judge.lexical import LexicalJudge
+from recallq.model_registry import LEXICAL, ModelConfig, ModelRegistryError
+from recallq.retry import RetryPolicy
+
+
+class JudgeRegistry:
+    def __init__(
+        self,
+        models: Mapping[str, ModelConfig],
+        limiter_for: Callable[[ModelConfig], RateLimiter],
+        gate: CallGate,
+        policy: RetryPolicy,
+        request_timeout: float,
+        judges: Mapping[str, Judge] | None = None,
+    ) -> None:
+        """`judges` are ready-made judges by name (tests put doubles of a provider here)."""
+        self.models = models
+        self._limiter_for = limiter_for
+        self._gate = gate
+        self._policy = policy
+        self._timeout = request_timeout
+        self._judges: dict[str, Judge] = {LEXICAL: LexicalJudge(), **(judges or {})}
+        self._lock = threading.Lock()
+
+    def get(self, name: str) -> Judge:
+        """The judge of a model; a model this process cannot call fails its items at once."""
+        with self._lock:
+            if name not in self._judges:
+                self._judges[name] = self._build(name)
+            return self._judges[name]
+
+    def _build(self, name: str) -> Judge:
+        config = self.models.get(name)
+        if config is None:
+            raise PermanentJudgeError(f"model {name!r} is not in this worker's models file")
+        from recallq.judge.llm import LLMJudge  # imports litellm: only where a model is called
+
+        try:
+            return LLMJudge(
+                config, self._policy, self._limiter_for(config), self._gate, self._timeout
+            )
+        except ModelRegistryError as exc:  # a missing key fails each item at once, not later
+            raise PermanentJudgeError(str(exc)) from exc

@@ -1,0 +1,132 @@
+"""Every change recallq makes to a library's internals, in one place, applied by the runners.
+
+Each patch is guarded (applied once, skipped when the patched name is gone), names the library
+version it was checked against (pinned in pyproject.toml), and has a test that fails without
+it. A library upgrade that moves an internal shows up here and in those tests, nowhere else.
+
+- litellm (checked against 1.110.2), applied by `prepare_litellm()` before the first call:
+  - no price-map search for models litellm has no price for: about 3.5 ms of CPU per call,
+    a quarter of its overhead (tests/integration/test_llm_judge.py, the pricing test);
+  - no event loop per call for "service callbacks" when none is registered
+    (test_calls_from_a_worker_thread_build_no_event_loop);
+  - calls run as litellm's "internal sub-calls", which skip the success-callback job it
+    queues on a thread pool after every call (about 0.4 ms of CPU and a thread hand-off).
+- kombu (checked against 5.7.0), applied by `prepare_kombu()` when a worker starts:
+  closing a broker connection that Celery already collected is the connection error it is
+  (tests/integration/test_broker.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any, TypeVar
+
+_lock = threading.Lock()
+#: Model names litellm has no price for (local servers, the test stub): pricing them is skipped.
+_unpriced: set[str] = set()
+
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def _ours(function: F) -> F:
+    """Marks a replacement, so a second application finds it in place and stops."""
+    setattr(function, "_recallq", True)  # noqa: B010
+    return function
+
+
+def _is_ours(function: object) -> bool:
+    return bool(getattr(function, "_recallq", False))
+
+
+def mark_unpriced(*names: str) -> None:
+    _unpriced.update(names)
+
+
+def prepare_litellm() -> None:
+    """Import litellm offline, set its globals for recallq, and patch it. Idempotent."""
+    os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
+    import litellm
+
+    with _lock:
+        litellm.suppress_debug_info = True
+        litellm.telemetry = False
+        litellm.drop_params = True  # providers without json_schema get JSON mode or prompt-only
+        # litellm logs several INFO lines per call (and Celery's worker echoes its handler's
+        # output a second time): at this volume that is CPU spent on noise. Warnings still show.
+        for name in ("LiteLLM", "LiteLLM Router", "LiteLLM Proxy"):
+            logging.getLogger(name).setLevel(logging.WARNING)
+        _skip_pricing_of_unpriced_models()
+        _skip_service_events_without_listeners()
+
+
+def without_litellm_callbacks() -> AbstractContextManager[Any]:
+    """Run a litellm call as an "internal sub-call": litellm then skips the logging payload it
+    builds for success callbacks. recallq registers none and reads usage and cost off the
+    response; pricing still happens in the caller."""
+    from litellm._internal_context import internal_sub_call
+
+    context: AbstractContextManager[Any] = internal_sub_call()
+    return context
+
+
+def _skip_pricing_of_unpriced_models() -> None:
+    from litellm.litellm_core_utils import litellm_logging
+
+    logging_class = litellm_logging.Logging
+    original = getattr(logging_class, "response_cost_calculator", None)
+    if original is None or _is_ours(original):
+        return
+
+    def response_cost_calculator(self: Any, result: Any, *args: Any, **kwargs: Any) -> Any:
+        name = kwargs.get("litellm_model_name") or getattr(self, "model", None)
+        if name in _unpriced:
+            return None
+        return original(self, result, *args, **kwargs)
+
+    logging_class.response_cost_calculator = _ours(response_cost_calculator)
+
+
+def _skip_service_events_without_listeners() -> None:
+    """litellm times every provider request and hands the timing to its "service callbacks"
+    (Prometheus, Datadog, OTel). It does so through an event loop, and a worker thread has
+    none, so each call built and tore down a fresh loop (a socket pair, an epoll, a dozen
+    syscalls) for callbacks that recallq never registers. With none registered, skip it."""
+    import litellm
+    from litellm._service_logger import ServiceLogging
+
+    original = ServiceLogging._dispatch_from_sync
+    if _is_ours(original):
+        return
+
+    def dispatch_from_sync(hook: Any) -> None:
+        if litellm.service_callback:
+            original(hook)
+
+    ServiceLogging._dispatch_from_sync = staticmethod(_ours(dispatch_from_sync))
+
+
+def prepare_kombu() -> None:
+    """When Redis goes away while messages are unacknowledged, Celery collects the broken
+    connection (detaching its transport) and then closes it, and closing tries to put those
+    messages back through the detached transport: an AttributeError that Celery treats as
+    unrecoverable, so the worker exits (seen in about 1 of 8 Redis restarts). Raise the
+    connection error it really is: Celery then reconnects as usual, and the reaper resends
+    what the broker lost."""
+    from kombu.transport import redis as kombu_redis
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    original: Any = kombu_redis.Channel._connparams
+    if _is_ours(original):
+        return
+
+    def _connparams(self: Any, asynchronous: bool = False) -> Any:
+        if self.connection is None or self.connection.client is None:
+            raise RedisConnectionError("the broker connection is already closed")
+        return original(self, asynchronous)
+
+    setattr(kombu_redis.Channel, "_connparams", _ours(_connparams))  # noqa: B010  (a method)

@@ -1,0 +1,89 @@
+"""The states of items and runs, and the moves allowed between them.
+
+Only `recallq.store` moves anything from one state to another; its methods name each move
+(see the store's module docstring for which method makes which move, under which guard).
+
+    item:  pending → queued → running → succeeded | failed
+           running → queued             (deferred, or its worker was lost)
+           failed → pending             (retry)
+           pending | queued | running → cancelled   (its run was cancelled)
+    run:   queued → running → completed → running   (retry of failed items)
+           queued | running → cancelled
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ItemStatus(StrEnum):
+    #: Stored, not yet handed to the broker (waits for a place in its run's dispatch window).
+    PENDING = "pending"
+    #: Handed to the broker: a message for it is on its way, or due once its lease runs out.
+    QUEUED = "queued"
+    #: A stage owns it under an owner token until the stage ends or its lease runs out.
+    RUNNING = "running"
+    #: Scored: score, reason and every claim's verdict are stored.
+    SUCCEEDED = "succeeded"
+    #: Ended without a score; `error` says why. `retry` sends it back to pending.
+    FAILED = "failed"
+    #: Its run was cancelled before it ended.
+    CANCELLED = "cancelled"
+
+
+class RunStatus(StrEnum):
+    #: Stored; no item has been handed to the broker yet.
+    QUEUED = "queued"
+    #: Its items are being scored.
+    RUNNING = "running"
+    #: Every item ended (succeeded or failed); `retry` of failed items makes it running again.
+    COMPLETED = "completed"
+    #: Cancelled before every item ended; nothing more is scored.
+    CANCELLED = "cancelled"
+
+
+ITEM_ENDED = frozenset({ItemStatus.SUCCEEDED, ItemStatus.FAILED, ItemStatus.CANCELLED})
+ITEM_IN_FLIGHT = frozenset({ItemStatus.QUEUED, ItemStatus.RUNNING})
+RUN_ENDED = frozenset({RunStatus.COMPLETED, RunStatus.CANCELLED})
+RUN_ACTIVE = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
+
+#: Every move an item may make. A pair not listed here is a bug: the store makes no other.
+ITEM_TRANSITIONS: frozenset[tuple[ItemStatus, ItemStatus]] = frozenset(
+    {
+        (ItemStatus.PENDING, ItemStatus.QUEUED),  # release_window, release_next
+        (ItemStatus.PENDING, ItemStatus.CANCELLED),  # cancel_run
+        (ItemStatus.QUEUED, ItemStatus.RUNNING),  # take
+        (ItemStatus.QUEUED, ItemStatus.QUEUED),  # requeue_lost (a lost message is sent again)
+        (ItemStatus.QUEUED, ItemStatus.CANCELLED),  # cancel_run, or take of a cancelled run
+        (ItemStatus.RUNNING, ItemStatus.RUNNING),  # take over from a dead worker, hand_over
+        (ItemStatus.RUNNING, ItemStatus.QUEUED),  # defer, requeue_lost
+        (ItemStatus.RUNNING, ItemStatus.SUCCEEDED),  # succeed
+        (ItemStatus.RUNNING, ItemStatus.FAILED),  # fail
+        (ItemStatus.RUNNING, ItemStatus.CANCELLED),  # cancel_run, or take of a cancelled run
+        (ItemStatus.FAILED, ItemStatus.PENDING),  # retry_failed
+    }
+)
+
+#: Every move a run may make.
+RUN_TRANSITIONS: frozenset[tuple[RunStatus, RunStatus]] = frozenset(
+    {
+        (RunStatus.QUEUED, RunStatus.RUNNING),  # release_window (the run's first dispatch)
+        (RunStatus.RUNNING, RunStatus.COMPLETED),  # complete_if_done
+        (RunStatus.QUEUED, RunStatus.CANCELLED),  # cancel
+        (RunStatus.RUNNING, RunStatus.CANCELLED),  # cancel
+        (RunStatus.COMPLETED, RunStatus.RUNNING),  # retry_failed
+        (RunStatus.RUNNING, RunStatus.RUNNING),  # retry_failed while other items still run
+    }
+)
+
+
+def public_item_status(status: str) -> str:
+    """What the API shows: an item waiting in the broker is still `pending` to a user."""
+    return ItemStatus.PENDING if status == ItemStatus.QUEUED else status
+
+
+def stored_item_statuses(public: str) -> tuple[ItemStatus, ...]:
+    """The stored statuses behind a status the API shows."""
+    if public == ItemStatus.PENDING:
+        return (ItemStatus.PENDING, ItemStatus.QUEUED)
+    return (ItemStatus(public),)

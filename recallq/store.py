@@ -1,0 +1,593 @@
+"""Every write of item and run state: one named method per move (recallq.status lists the moves).
+
+Items (ItemStore)                                  guard in the WHERE clause
+    take            queued|running → running       status and owner as read; a live holder
+                                                   keeps it (checked before the write)
+    save_claims     running → running              owner token, status running
+    hand_over       running → running (new owner)  owner token, status running
+    succeed         running → succeeded            owner token, status running
+    fail            running → failed               owner token, status running
+    defer           running → queued (due later)   owner token, status running
+    requeue_lost    queued|running → queued        status queued|running; rows others lock
+                                                   right now are left for the next sweep
+    expire_lease    running → running (due now)    status running
+    release_next    pending → queued               run running; one row nobody else locks
+Runs (RunStore)
+    create          → queued (with its items, pending)
+    release_window  queued|running → running, and pending → queued items up to the window
+    complete_if_done running → completed           no item of the run unended
+    cancel          queued|running → cancelled, and unended items → cancelled
+    retry_failed    completed|running → running, and failed items → pending
+
+A stage writes only while its pass still owns the item: its owner token and status are checked
+in the UPDATE itself, so a stale or duplicate copy of a stage writes nothing (no second set of
+claims, no usage counted twice). When a pass lost the item because its run was cancelled, the
+calls it made were still sent and billed: their usage counts on the cancelled item, and nothing
+else of the pass is written.
+
+The hot path uses Core statements built once, with bound parameters (building SQLAlchemy
+expressions per call cost more CPU than running them); a statement that stands alone runs
+without BEGIN and COMMIT (Database.single_statement).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from datetime import datetime, timedelta
+from functools import lru_cache
+from typing import Any, cast
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Insert,
+    Table,
+    Update,
+    and_,
+    bindparam,
+    exists,
+    func,
+    insert,
+    select,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from recallq.db import Database
+from recallq.judge.base import Usage
+from recallq.models import Claim, ClaimCache, Item, Run, as_utc, utcnow
+from recallq.outcomes import Deferred, Ended, Skipped, SkipReason, Taken
+from recallq.scoring import Outcome, Verdict
+from recallq.status import ITEM_ENDED, ITEM_IN_FLIGHT, RUN_ENDED, ItemStatus, RunStatus
+
+items, runs, claims_table, cache = (
+    cast(Table, Item.__table__),
+    cast(Table, Run.__table__),
+    cast(Table, Claim.__table__),
+    cast(Table, ClaimCache.__table__),
+)
+
+TAKE_READ = (
+    select(
+        items.c.status,
+        items.c.owner,
+        items.c.lease_until,
+        items.c.started_at,
+        items.c.ground_truth,
+        items.c.run_id,
+        runs.c.status.label("run_status"),
+        runs.c.model,
+        runs.c.scale,
+        exists().where(claims_table.c.item_id == items.c.id).label("has_claims"),
+    )
+    .join_from(items, runs, runs.c.id == items.c.run_id)
+    .where(items.c.id == bindparam("item_id"))
+)
+CACHED_CLAIMS = select(cache.c.claims).where(cache.c.key == bindparam("key"))
+STORED_CLAIMS = (
+    select(claims_table.c.text)
+    .where(claims_table.c.item_id == bindparam("item_id"))
+    .order_by(claims_table.c.idx)
+)
+HAND_OVER = (
+    update(items)
+    .where(
+        items.c.id == bindparam("b_id"),
+        items.c.owner == bindparam("b_owner"),
+        items.c.status == ItemStatus.RUNNING,
+    )
+    .values(owner=bindparam("b_new_owner"), lease_until=bindparam("b_lease"))
+    .returning(items.c.contexts)
+)
+RELEASE_NEXT = (
+    update(items)
+    .where(
+        items.c.id
+        == select(items.c.id)
+        .where(items.c.run_id == bindparam("b_run"), items.c.status == ItemStatus.PENDING)
+        .order_by(items.c.id)
+        .limit(1)
+        .with_for_update(skip_locked=True)
+        .scalar_subquery(),
+        exists().where(runs.c.id == bindparam("b_run"), runs.c.status == RunStatus.RUNNING),
+    )
+    .values(status=ItemStatus.QUEUED, lease_until=bindparam("b_lease"))
+    .returning(items.c.id)
+)
+COMPLETE_RUN = (
+    update(runs)
+    .where(
+        runs.c.id == bindparam("b_run"),
+        runs.c.status == RunStatus.RUNNING,
+        ~exists().where(
+            and_(items.c.run_id == bindparam("b_run"), items.c.status.not_in(ITEM_ENDED))
+        ),
+    )
+    .values(status=RunStatus.COMPLETED, finished_at=bindparam("b_now"))
+)
+RETRYABLE = (RunStatus.COMPLETED, RunStatus.RUNNING)
+# columns that an update adds to instead of setting
+COUNTERS = ("llm_calls", "prompt_tokens", "completion_tokens", "cost_usd", "cache_hits", "attempts")
+
+
+@lru_cache
+def _item_update(keys: frozenset[str], match_owner: str, match_status: bool) -> Update:
+    """UPDATE items SET keys WHERE id [AND owner = / IS NULL] [AND status]; counters are
+    increments."""
+    values = {
+        key: items.c[key] + bindparam(f"v_{key}") if key in COUNTERS else bindparam(f"v_{key}")
+        for key in keys
+    }
+    where = [items.c.id == bindparam("b_id")]
+    if match_owner == "value":
+        where.append(items.c.owner == bindparam("b_owner"))
+    elif match_owner == "null":
+        where.append(items.c.owner.is_(None))
+    if match_status:
+        where.append(items.c.status == bindparam("b_status"))
+    return update(items).where(*where).values(values)
+
+
+def _update_item(
+    conn: Connection,
+    item_id: int,
+    values: dict[str, Any],
+    owner: str | None = None,
+    status: str | None = None,
+    unowned: bool = False,
+) -> int:
+    match_owner = "null" if unowned else "value" if owner is not None else ""
+    statement = _item_update(frozenset(values), match_owner, status is not None)
+    params = {f"v_{k}": v for k, v in values.items()} | {"b_id": item_id}
+    if owner is not None:
+        params["b_owner"] = owner
+    if status is not None:
+        params["b_status"] = status
+    return conn.execute(statement, params).rowcount
+
+
+def _update_items_in_id_order(
+    conn: Connection | Session,
+    *conditions: ColumnElement[bool],
+    values: dict[str, Any],
+    skip_locked: bool = False,
+    limit: int | None = None,
+) -> list[int]:
+    """Lock the matching items in id order, then update them; returns their ids.
+
+    Every writer of several items takes its row locks in the same order, so two of them
+    (a cancel and the reaper, say) never wait on each other in a cycle. With skip_locked,
+    items another transaction holds right now are left for a later pass.
+    """
+    locked = (
+        select(items.c.id)
+        .where(*conditions)
+        .order_by(items.c.id)
+        .limit(limit)
+        .with_for_update(skip_locked=skip_locked)
+    )
+    # one statement whatever the count (a list of ids would hit the driver's parameter limit)
+    statement = (
+        update(items)
+        .where(items.c.id.in_(locked.scalar_subquery()))
+        .values(**values)
+        .returning(items.c.id)
+    )
+    return list(conn.execute(statement).scalars())
+
+
+def _insert(dialect: str, table: Table) -> postgresql.Insert | sqlite.Insert:
+    """INSERT with the dialect's ON CONFLICT support (Postgres, or SQLite in local mode)."""
+    return (pg_insert if dialect == "postgresql" else sqlite_insert)(table)
+
+
+@lru_cache
+def _claims_insert(dialect: str) -> Insert:
+    return _insert(dialect, claims_table).on_conflict_do_nothing().returning(claims_table.c.idx)
+
+
+@lru_cache
+def _cache_insert(dialect: str) -> Insert:
+    return _insert(dialect, cache).on_conflict_do_nothing()
+
+
+@lru_cache
+def _verdicts_upsert(dialect: str) -> Insert:
+    statement = _insert(dialect, claims_table)
+    return statement.on_conflict_do_update(
+        index_elements=["item_id", "idx"],
+        set_={
+            "text": statement.excluded.text,
+            "verdict": statement.excluded.verdict,
+            "context_indices": statement.excluded.context_indices,
+            "reason": statement.excluded.reason,
+        },
+    )
+
+
+def _spent(usage: Usage, cache_hits: int = 0) -> dict[str, Any]:
+    """Increments of an item's usage counters (see COUNTERS)."""
+    return {
+        "llm_calls": usage.llm_calls,
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cost_usd": usage.cost_usd,
+        "cache_hits": cache_hits,
+    }
+
+
+class ItemStore:
+    """The moves of one item through its stages (see the module docstring)."""
+
+    def __init__(
+        self, database: Database, lease_seconds: float, queue_lease_seconds: float
+    ) -> None:
+        self._db = database
+        self.lease_seconds = lease_seconds
+        self.queue_lease_seconds = queue_lease_seconds
+
+    def _lease(self, seconds: float | None = None) -> datetime:
+        """Lease of a stage at work (default), or of `seconds`."""
+        return utcnow() + timedelta(seconds=self.lease_seconds if seconds is None else seconds)
+
+    def queue_lease(self) -> datetime:
+        """Lease of an item whose next message waits in the broker. If the message is lost (a
+        worker died holding it unacknowledged), the reaper sends another when this runs out;
+        a duplicate is harmless, the owner token sorts it out."""
+        return self._lease(self.queue_lease_seconds)
+
+    # --- take -------------------------------------------------------------------------------
+
+    def take(
+        self, item_id: int, owner: str, holder_alive: Callable[[str], bool]
+    ) -> Taken | Skipped:
+        """queued|running → running under `owner`, or why not. An item whose run was cancelled
+        becomes cancelled here; one held by a live worker is left to it (a duplicate message).
+
+        The read and the write need no common transaction: the write happens only if nobody
+        moved the item on since the read (its WHERE checks owner and status again)."""
+        now = utcnow()
+        with self._db.single_statement() as conn:
+            row = conn.execute(TAKE_READ, {"item_id": item_id}).one_or_none()
+        if row is None or row.status in ITEM_ENDED:
+            return Skipped(SkipReason.ENDED)
+        if row.status == ItemStatus.PENDING:  # a stale message: dispatch releases it later
+            return Skipped(SkipReason.NOT_RELEASED)
+        if row.run_status == RunStatus.CANCELLED:
+            cancelled = {"status": ItemStatus.CANCELLED, "finished_at": now, "lease_until": None}
+            with self._db.single_statement() as conn:
+                _update_item(conn, item_id, cancelled, status=row.status)
+            return Skipped(SkipReason.RUN_CANCELLED)
+        held = row.status == ItemStatus.RUNNING and row.owner and row.lease_until is not None
+        if held and as_utc(row.lease_until) > now and holder_alive(row.owner):
+            return Skipped(SkipReason.HELD)
+        values: dict[str, Any] = {
+            "status": ItemStatus.RUNNING,
+            "owner": owner,
+            "lease_until": self._lease(),
+            "attempts": 1,
+        }
+        if row.started_at is None:  # first taking; a retaken item keeps when it started
+            values["started_at"] = now
+        unchanged = {"owner": row.owner, "status": row.status, "unowned": row.owner is None}
+        with self._db.single_statement() as conn:
+            if not _update_item(conn, item_id, values, **unchanged):
+                return Skipped(SkipReason.NOT_OWNED)
+            known = self._stored_claims(conn, item_id) if row.has_claims else None
+        return Taken(item_id, owner, row.run_id, row.model, row.scale, row.ground_truth, known)
+
+    def cached_claims(self, key: str) -> list[str] | None:
+        """Claims the claim cache holds for this key (ground truth, model, prompt version)."""
+        with self._db.single_statement() as conn:
+            found = conn.execute(CACHED_CLAIMS, {"key": key}).scalar()
+        return None if found is None else list(found)
+
+    # --- while running ----------------------------------------------------------------------
+
+    def save_claims(
+        self,
+        taken: Taken,
+        claims: Sequence[str],
+        usage: Usage,
+        cache_hit: bool,
+        cache_key: str,
+    ) -> Taken | Skipped:
+        """running → running: the item's claims (and, when freshly extracted, the claim cache)
+        with what their extraction used. The item's next message is on its way: its lease
+        becomes a queue lease. Returns the pass with the claims stored, which are an earlier
+        pass's when that one stored its claims first."""
+        with self._db.transaction() as conn:
+            values = _spent(usage, int(cache_hit)) | {"lease_until": self.queue_lease()}
+            if not self._write_owned(conn, taken, values):
+                return Skipped(SkipReason.NOT_OWNED)
+            if not cache_hit:
+                conn.execute(
+                    _cache_insert(conn.dialect.name), [{"key": cache_key, "claims": claims}]
+                )
+            rows = [{"item_id": taken.item_id, "idx": i, "text": t} for i, t in enumerate(claims)]
+            inserted = conn.execute(_claims_insert(conn.dialect.name), rows).all()
+            stored = tuple(claims)
+            if len(inserted) != len(claims):
+                stored = self._stored_claims(conn, taken.item_id)
+        return Taken(**{**taken.to_message(), "claims": stored})
+
+    def hand_over(self, taken: Taken, new_owner: str) -> tuple[Taken, list[str]] | Skipped:
+        """running → running under the owner token of the worker running the next stage, so
+        the reaper follows that worker's heartbeat and a duplicate of its message finds the
+        item no longer its own. Returns the pass and the item's resolved contexts."""
+        params = {
+            "b_id": taken.item_id,
+            "b_owner": taken.owner,
+            "b_new_owner": new_owner,
+            "b_lease": self._lease(),
+        }
+        with self._db.single_statement() as conn:
+            row = conn.execute(HAND_OVER, params).one_or_none()
+        if row is None:
+            return Skipped(SkipReason.NOT_OWNED)
+        return Taken(**{**taken.to_message(), "owner": new_owner}), list(row.contexts)
+
+    # --- ending -----------------------------------------------------------------------------
+
+    def succeed(
+        self,
+        taken: Taken,
+        outcome: Outcome,
+        usage: Usage,
+        verdicts: dict[int, Verdict] | None = None,
+        cache_hits: int = 0,
+    ) -> Ended | Skipped:
+        """running → succeeded with its score, reason and the verdict of every claim; the next
+        pending item of the run is queued in its place."""
+        values = _spent(usage, cache_hits) | {
+            "status": ItemStatus.SUCCEEDED,
+            "finished_at": utcnow(),
+            "lease_until": None,
+            "score": outcome.score,
+            "reason": outcome.reason,
+            "error": None,
+            "claims_total": outcome.claims_total,
+            "claims_attributed": outcome.claims_attributed,
+        }
+        with self._db.transaction() as conn:
+            if not self._write_owned(conn, taken, values):
+                return Skipped(SkipReason.NOT_OWNED)
+            if verdicts:
+                rows = [
+                    {
+                        "item_id": taken.item_id,
+                        "idx": i,
+                        "text": text,
+                        "verdict": verdicts[i].verdict,
+                        "context_indices": verdicts[i].context_indices,
+                        "reason": verdicts[i].reason,
+                    }
+                    for i, text in enumerate(taken.claims or ())
+                ]
+                conn.execute(_verdicts_upsert(conn.dialect.name), rows)
+            return Ended(taken.run_id, self._release_next(conn, taken.run_id))
+
+    def fail(self, taken: Taken, error: str, usage: Usage) -> Ended | Skipped:
+        """running → failed with its error; the next pending item is queued in its place."""
+        values = _spent(usage) | {
+            "status": ItemStatus.FAILED,
+            "finished_at": utcnow(),
+            "lease_until": None,
+            "error": error,
+            "score": None,
+        }
+        with self._db.transaction() as conn:
+            if not self._write_owned(conn, taken, values):
+                return Skipped(SkipReason.NOT_OWNED)
+            return Ended(taken.run_id, self._release_next(conn, taken.run_id))
+
+    def defer(self, taken: Taken, delay: float, usage: Usage) -> Deferred | Skipped:
+        """running → queued, due in `delay` seconds: its worker slot is given back, and the
+        reaper sends the item again when its lease runs out."""
+        until = self._lease(delay)
+        values = _spent(usage) | {"status": ItemStatus.QUEUED, "owner": None, "lease_until": until}
+        with self._db.transaction() as conn:
+            if not self._write_owned(conn, taken, values):
+                return Skipped(SkipReason.NOT_OWNED)
+        return Deferred(until)
+
+    # --- lost work --------------------------------------------------------------------------
+
+    def requeue_lost(self, item_ids: list[int]) -> list[int]:
+        """queued|running → queued for items whose message or worker is gone (the reaper's
+        finding); returns those requeued, whose messages are the caller's to send."""
+        if not item_ids:
+            return []
+        with self._db.transaction() as conn:
+            return _update_items_in_id_order(
+                conn,
+                items.c.id.in_(item_ids),
+                items.c.status.in_(ITEM_IN_FLIGHT),
+                values={
+                    "status": ItemStatus.QUEUED,
+                    "owner": None,
+                    "lease_until": self.queue_lease(),
+                },
+                skip_locked=True,
+            )
+
+    def expire_lease(self, item_id: int) -> None:
+        """running → running, due for the reaper now (its message may be lost in an outage)."""
+        with self._db.single_statement() as conn:
+            soon = {"lease_until": self._lease(1)}
+            _update_item(conn, item_id, soon, status=ItemStatus.RUNNING)
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _write_owned(self, conn: Connection, taken: Taken, values: dict[str, Any]) -> bool:
+        """Write only while this pass owns the running item. If its run was cancelled
+        meanwhile, the calls this pass made were still sent and billed: their usage counts on
+        the cancelled item, and nothing else of the pass is written."""
+        owned = _update_item(
+            conn, taken.item_id, values, owner=taken.owner, status=ItemStatus.RUNNING
+        )
+        if not owned:
+            spent = {k: v for k, v in values.items() if k in COUNTERS and k != "attempts" and v}
+            if spent:
+                _update_item(conn, taken.item_id, spent, status=ItemStatus.CANCELLED)
+        return bool(owned)
+
+    def _release_next(self, conn: Connection, run_id: str) -> tuple[int, ...]:
+        """pending → queued: the next pending item of a running run takes a place in its
+        dispatch window."""
+        params = {"b_run": run_id, "b_lease": self.queue_lease()}
+        return tuple(conn.execute(RELEASE_NEXT, params).scalars())
+
+    @staticmethod
+    def _stored_claims(conn: Connection, item_id: int) -> tuple[str, ...]:
+        return tuple(conn.execute(STORED_CLAIMS, {"item_id": item_id}).scalars())
+
+
+class RunNotFound(LookupError):
+    """No such run in the project (another project's run is not found either)."""
+
+
+class RunCancelledError(ValueError):
+    """A cancelled run cannot be retried."""
+
+
+class RunStore:
+    """The moves of runs, and of the items a run-wide action moves (see the module docstring)."""
+
+    def __init__(self, database: Database, items: ItemStore, insert_batch_size: int) -> None:
+        self._db = database
+        self._items = items
+        self._batch = insert_batch_size
+
+    def create(self, session: Session, run: Run, item_rows: Iterable[dict[str, Any]]) -> int:
+        """→ queued: the run with its items (pending), inserted in batches inside the caller's
+        transaction, so a submission that fails half-way leaves nothing. Returns the count."""
+        run.status = RunStatus.QUEUED
+        session.add(run)
+        session.flush()
+        total, batch = 0, []
+        for row in item_rows:
+            batch.append({**row, "run_id": run.id, "status": ItemStatus.PENDING})
+            total += 1
+            if len(batch) >= self._batch:
+                session.execute(insert(Item), batch)
+                batch = []
+        if batch:
+            session.execute(insert(Item), batch)
+        session.execute(update(runs).where(runs.c.id == run.id).values(total_items=total))
+        return total
+
+    def release_window(self, run_id: str, window: int) -> list[int] | None:
+        """queued|running → running, and pending → queued for as many items as the run's
+        dispatch window has room for; returns their ids (messages to send), or None when the
+        run is gone or ended."""
+        with self._db.transaction() as conn:
+            status = conn.execute(
+                select(runs.c.status).where(runs.c.id == run_id).with_for_update()
+            ).scalar()
+            if status is None or status in RUN_ENDED:
+                return None
+            if status == RunStatus.QUEUED:
+                conn.execute(
+                    update(runs)
+                    .where(runs.c.id == run_id)
+                    .values(status=RunStatus.RUNNING, started_at=utcnow())
+                )
+            in_flight = conn.execute(
+                select(func.count())
+                .select_from(items)
+                .where(items.c.run_id == run_id, items.c.status.in_(ITEM_IN_FLIGHT))
+            ).scalar_one()
+            return _update_items_in_id_order(
+                conn,
+                items.c.run_id == run_id,
+                items.c.status == ItemStatus.PENDING,
+                values={"status": ItemStatus.QUEUED, "lease_until": self._items.queue_lease()},
+                skip_locked=True,
+                limit=max(0, window - in_flight),
+            )
+
+    def complete_if_done(self, run_id: str) -> bool:
+        """running → completed when no item of the run is unended. Called after the caller's
+        item write has committed, so the last item to end sees all the others ended."""
+        with self._db.single_statement() as conn:
+            return bool(conn.execute(COMPLETE_RUN, {"b_run": run_id, "b_now": utcnow()}).rowcount)
+
+    def cancel(self, run_id: str, project: str) -> bool:
+        """queued|running → cancelled, and every unended item → cancelled, in one transaction;
+        False when the run had ended already. Calls already in flight are the call gate's to
+        stop (see coordination.gate)."""
+        now = utcnow()
+        with self._db.transaction() as conn:
+            status = self._lock(conn, run_id, project)
+            if status in RUN_ENDED:
+                return False
+            conn.execute(
+                update(runs)
+                .where(runs.c.id == run_id)
+                .values(status=RunStatus.CANCELLED, finished_at=now)
+            )
+            _update_items_in_id_order(
+                conn,
+                items.c.run_id == run_id,
+                items.c.status.not_in(ITEM_ENDED),
+                values={"status": ItemStatus.CANCELLED, "finished_at": now, "lease_until": None},
+            )
+        return True
+
+    def retry_failed(self, run_id: str, project: str) -> int:
+        """failed → pending for the run's failed items (their claims are kept, so extraction
+        is not paid twice), and completed|running → running when there were any. Returns how
+        many items; raises RunCancelledError for a cancelled run."""
+        with self._db.transaction() as conn:
+            status = self._lock(conn, run_id, project)
+            if status == RunStatus.CANCELLED:
+                raise RunCancelledError(f"run {run_id} was cancelled")
+            retried = _update_items_in_id_order(
+                conn,
+                items.c.run_id == run_id,
+                items.c.status == ItemStatus.FAILED,
+                values={"status": ItemStatus.PENDING, "error": None, "finished_at": None},
+            )
+            if retried:
+                conn.execute(
+                    update(runs)
+                    .where(runs.c.id == run_id, runs.c.status.in_(RETRYABLE))
+                    .values(status=RunStatus.RUNNING, finished_at=None)
+                )
+        return len(retried)
+
+    @staticmethod
+    def _lock(conn: Connection, run_id: str, project: str) -> str:
+        """The run's status, its row locked until the transaction ends."""
+        status = conn.execute(
+            select(runs.c.status)
+            .where(runs.c.id == run_id, runs.c.project == project)
+            .with_for_update()
+        ).scalar()
+        if status is None:
+            raise RunNotFound(f"run {run_id} not found")
+        return str(status)

@@ -1,0 +1,184 @@
+"""The moves items and runs make are exactly the table in recallq.status.
+
+A trigger on a real database records every (old, new) status of every UPDATE that sets a
+status, while the engine and the store take items and runs through every path they have:
+scoring, failure, deferral, lost workers, cancel and retry. Then the moves seen must be the
+table: none outside it, and every one in it made by some named store method.
+"""
+
+from __future__ import annotations
+
+import inspect
+import uuid
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select, text
+
+from recallq import ingest
+from recallq.judge.base import JudgeReply, PermanentJudgeError, RateLimited, Usage
+from recallq.migrate import upgrade
+from recallq.models import Item
+from recallq.outcomes import Continue, Deferred, Ended
+from recallq.runtime import Runtime
+from recallq.settings import Settings
+from recallq.status import ITEM_TRANSITIONS, RUN_TRANSITIONS, ItemStatus, RunStatus
+
+MODEL = "transitions-probe"
+
+TRIGGERS = [
+    "CREATE TABLE moves (tbl TEXT, old TEXT, new TEXT)",
+    """CREATE TRIGGER item_moves AFTER UPDATE OF status ON items
+       BEGIN INSERT INTO moves VALUES ('items', old.status, new.status); END""",
+    """CREATE TRIGGER run_moves AFTER UPDATE OF status ON runs
+       BEGIN INSERT INTO moves VALUES ('runs', old.status, new.status); END""",
+]
+
+
+class ScriptedJudge:
+    """A provider double: answers, fails for good, or has no rate-limit room, per ground truth."""
+
+    name = MODEL
+    prompt_version = "probe"
+
+    def extract_claims(self, ground_truth: str, run_id: str) -> JudgeReply:
+        if "permanent" in ground_truth:
+            raise PermanentJudgeError("bad request", Usage(llm_calls=1))
+        if "busy" in ground_truth:
+            raise RateLimited(MODEL, 0.0)
+        return JudgeReply({"claims": [ground_truth]}, Usage(llm_calls=1))
+
+    def attribute(self, claims: list[str], contexts: list[str], run_id: str) -> JudgeReply:
+        verdicts = [
+            {"claim_index": i, "verdict": "yes", "context_indices": [0], "reason": "r"}
+            for i in range(len(claims))
+        ]
+        return JudgeReply({"verdicts": verdicts}, Usage(llm_calls=1))
+
+
+class Recorded:
+    def __init__(self) -> None:
+        self.sent: list[int] = []
+
+    def send_items(self, item_ids: Sequence[int]) -> None:
+        self.sent += item_ids
+
+    def send_dispatch(self, run_id: str) -> None:
+        pass
+
+
+@pytest.fixture()
+def runtime(tmp_path: Path) -> Iterator[Runtime]:
+    url = f"sqlite:///{tmp_path / 'moves.db'}"
+    upgrade(url)
+    settings = Settings(database_url=url, dispatch_window=2)
+    made = Runtime.local(settings, Recorded(), judges={MODEL: ScriptedJudge()})
+    with made.database.transaction() as conn:
+        for statement in TRIGGERS:
+            conn.execute(text(statement))
+    yield made
+    made.close()
+
+
+def _run(runtime: Runtime, *ground_truths: str) -> tuple[str, list[int]]:
+    spec = ingest.build_spec(model=MODEL, known_models=[MODEL])
+    rows = [{"ground_truth": f"{g} {uuid.uuid4()}", "context": ["c"]} for g in ground_truths]
+    with runtime.database.session() as session:
+        run_id = ingest.create_run(session, runtime.runs, spec, rows, runtime.settings).id
+    with runtime.database.session() as session:
+        ids = list(session.scalars(select(Item.id).where(Item.run_id == run_id).order_by(Item.idx)))
+    return run_id, ids
+
+
+def _score(runtime: Runtime, item_id: int) -> object:
+    """Every stage, as a worker chain runs them."""
+    engine = runtime.engine
+    outcome = engine.take(item_id)
+    if isinstance(outcome, Continue):
+        outcome = engine.extract(outcome.taken)
+    if isinstance(outcome, Continue):
+        outcome = engine.attribute(outcome.taken)
+    engine.settle(outcome)
+    return outcome
+
+
+def _moves(runtime: Runtime) -> dict[str, set[tuple[str, str]]]:
+    with runtime.database.transaction() as conn:
+        rows = conn.execute(text("SELECT tbl, old, new FROM moves")).all()
+    seen: dict[str, set[tuple[str, str]]] = {"items": set(), "runs": set()}
+    for table, old, new in rows:
+        seen[table].add((old, new))
+    return seen
+
+
+def _status(runtime: Runtime, item_id: int) -> str:
+    with runtime.database.session() as session:
+        item = session.get(Item, item_id)
+        assert item is not None
+        return item.status
+
+
+def test_every_move_is_in_the_table_and_every_move_in_the_table_is_made(
+    runtime: Runtime,
+) -> None:
+    engine, items, runs = runtime.engine, runtime.items, runtime.runs
+
+    # scored, failed and deferred items; a window of 2 releases the rest as items end
+    run_id, (ok, bad, busy, last) = _run(runtime, "fine", "permanent", "busy", "fine too")
+    assert engine.dispatch(run_id) == 2  # queued → running (run), pending → queued
+    assert isinstance(_score(runtime, ok), Ended)  # … → succeeded, releases the next
+    assert isinstance(_score(runtime, bad), Ended)  # … → failed
+    assert isinstance(_score(runtime, busy), Deferred)  # running → queued
+    assert items.requeue_lost([busy]) == [busy]  # queued → queued (a lost message)
+    taken = engine.take(last)
+    assert isinstance(taken, Continue)
+    assert items.requeue_lost([last]) == [last]  # running → queued (its worker died)
+    assert isinstance(_score(runtime, last), Ended)
+
+    # a pass taken over from a dead worker: running → running
+    assert isinstance(engine.take(busy), Continue)
+    with runtime.database.transaction() as conn:  # its lease runs out, as after a crash
+        conn.execute(text("UPDATE items SET lease_until = '2000-01-01' WHERE id = :i"), {"i": busy})
+    assert isinstance(engine.take(busy), Continue)
+
+    # retry while an item still runs (running → running), then after the run completes
+    assert runs.retry_failed(run_id, "default") == 1  # failed → pending
+    assert _status(runtime, bad) == ItemStatus.PENDING
+    with runtime.database.transaction() as conn:  # the retried item is fine this time
+        conn.execute(text("UPDATE items SET ground_truth = 'fine' WHERE id = :i"), {"i": bad})
+    engine.dispatch(run_id)
+    assert isinstance(_score(runtime, bad), Ended)
+    taken_busy = engine.take(busy)
+    assert isinstance(taken_busy, Continue)
+    assert isinstance(items.fail(taken_busy.taken, "given up", Usage()), Ended)
+    engine.settle(Ended(run_id))  # running → completed
+    assert runs.retry_failed(run_id, "default") == 1  # completed → running
+
+    # cancel: a queued run (pending items), and a running one with queued and running items
+    waiting, _ = _run(runtime, "a", "b")
+    assert runs.cancel(waiting, "default")
+    started, (first, second, third) = _run(runtime, "x", "y", "z")
+    engine.dispatch(started)
+    running = engine.take(first)
+    assert isinstance(running, Continue)
+    assert runs.cancel(started, "default")
+    assert {_status(runtime, i) for i in (first, second, third)} == {ItemStatus.CANCELLED}
+
+    seen = _moves(runtime)
+    assert seen["items"] <= ITEM_TRANSITIONS, seen["items"] - ITEM_TRANSITIONS
+    assert seen["runs"] <= RUN_TRANSITIONS, seen["runs"] - RUN_TRANSITIONS
+    assert seen["items"] == ITEM_TRANSITIONS, ITEM_TRANSITIONS - seen["items"]
+    assert seen["runs"] == RUN_TRANSITIONS, RUN_TRANSITIONS - seen["runs"]
+
+
+def test_every_status_has_a_one_line_doc() -> None:
+    for enum in (ItemStatus, RunStatus):
+        lines = inspect.getsource(enum).splitlines()
+        for member in enum:
+            definition = next(i for i, line in enumerate(lines) if f'= "{member.value}"' in line)
+            assert lines[definition - 1].strip().startswith("#:"), member
+    for old, new in ITEM_TRANSITIONS:
+        assert ItemStatus(old) and ItemStatus(new)
+    for old, new in RUN_TRANSITIONS:
+        assert RunStatus(old) and RunStatus(new)

@@ -161,9 +161,9 @@ def normalise(
     label = _item_label(index, record[sources["id"][0]] if "id" in sources else None)
     for canonical, names in sources.items():
         if len(names) > 1:
+            both = "both" if len(names) == 2 else "all"
             raise DatasetError(
-                f"{label}: fields {_quoted_list(names)} both give {canonical!r}; "
-                "keep one of them (or map one elsewhere)"
+                f"{label}: fields {_quoted_list(names)} {both} give {canonical!r}; keep one of them"
             )
     missing = set(CANONICAL_FIELDS) - set(sources)
     for name in extras:

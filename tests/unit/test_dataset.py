@@ -247,7 +247,7 @@ def test_mapping_to_unknown_field_is_an_error():
         ),
         (
             {"question": "a", "query": "b", "user_input": "c"},
-            "item 3: fields 'question', 'query' and 'user_input' both give 'input'",
+            "item 3: fields 'question', 'query' and 'user_input' all give 'input'; keep one",
         ),
     ],
 )

@@ -42,16 +42,19 @@ Content markers (in a ground truth, claim or context text):
 
 Request handling order for chat completions: parse; an outage answers with its status; a key
 in ``reject_keys`` gets 401; validation (malformed input, ``stream=true``, ``STUB_HTTP_400``
--> 400); none of those count in the rpm window or sleep. Then the rpm window, random 429 and
-500 draws, latency sleep (applied to every answer from here on, including injected 429/500),
-then the judge answer with content markers applied. Every request is recorded, refused ones
-too, with ``key_suffix``: the last 4 characters of the bearer key (never the whole key).
+-> 400); none of those count in the rpm window or sleep. Then the rpm window (a refusal
+does not sleep either), random 429 and 500 draws, latency sleep (for injected 429/500 and
+answers alike), then the judge answer with content markers applied. Every request is
+recorded, refused ones too, with ``key_suffix``: the last 4 characters of the bearer key
+(never the whole key; null without a key or for a key of 4 characters or fewer).
 
 Config keys (``/_stub/config``, ``StubServer(**config)``; CLI flags for the first eight,
 ``--config JSON`` for any):
 
-* ``latency_ms``, ``latency_jitter_ms``, ``rate_429``, ``rate_500``, ``retry_after_s``,
-  ``rpm_limit``, ``seed``, ``record_messages``: as before.
+* ``latency_ms``, ``latency_jitter_ms``: answer delay; ``rate_429``, ``rate_500``: chances
+  of an injected error, 429s sending ``Retry-After: retry_after_s``; ``rpm_limit``: a sliding
+  60 s request window; ``seed``: of every random draw; ``record_messages``: keep prompts in
+  ``/_stub/calls``.
 * ``outage_s`` (float, 0 = none): an outage lasting that many seconds from the moment it is
   set; every chat completion is answered ``outage_status`` (default 503) with an OpenAI
   error body, plus a ``Retry-After: outage_retry_after`` header unless that is null.

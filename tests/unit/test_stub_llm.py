@@ -397,14 +397,15 @@ def test_packed_request_validation(http: httpx.Client) -> None:
 
 def test_outage_window(stub: StubServer, http: httpx.Client) -> None:
     stub.configure(rpm_limit=1)
-    stub.outage(0.4, retry_after="2")
+    stub.outage(1.0, retry_after="2")
+    ends = time.monotonic() + 1.0
     for _ in range(3):
         response = extract(http, "A fact.")
         assert response.status_code == 503
         assert response.headers["retry-after"] == "2"
         assert response.json()["error"]["type"] == "server_error"
     assert stub.stats()["outage"] is True
-    time.sleep(0.5)
+    time.sleep(max(0.0, ends - time.monotonic()) + 0.05)
     # The outage's answers did not use up the rpm window of one call.
     assert extract(http, "A fact.").status_code == 200
     assert [c["fault"] for c in stub.calls()] == ["outage"] * 3 + [None]
@@ -678,15 +679,15 @@ def test_files_endpoints(http: httpx.Client) -> None:
 def test_batch_cancel_keeps_only_lines_answered_before(
     stub: StubServer, http: httpx.Client
 ) -> None:
-    stub.configure(batch_delay_s=1.0)
+    stub.configure(batch_delay_s=1.5)
     lines = [batch_line(f"c{i}", {"ground_truth": f"Fact {i}."}) for i in range(50)]
     batch_id = create_batch(http, upload(http, jsonl(lines))["id"]).json()["id"]
-    time.sleep(0.3)
+    time.sleep(0.2)
     cancelling = http.post(f"/batches/{batch_id}/cancel").json()
     assert cancelling["status"] == "cancelling" and cancelling["cancelling_at"] is not None
     done = cancelling["request_counts"]["completed"]
     assert 0 < done < 50
-    time.sleep(1.0)  # past the delay: nothing more is answered after a cancel
+    time.sleep(1.4)  # past the delay: nothing more is answered after a cancel
     cancelled = http.get(f"/batches/{batch_id}").json()
     assert cancelled["status"] == "cancelled" and cancelled["cancelled_at"] is not None
     assert cancelled["request_counts"] == {"total": 50, "completed": done, "failed": 0}

@@ -10,7 +10,8 @@ re-opens it with the cool-down doubled (capped), or with the provider's Retry-Af
 Callers are never made to wait: `before_call` answers at once, and while the breaker is open it
 says until when not to call, so the caller can put the item back instead of holding a thread.
 
-How a caller uses it (every call, including the probe, must report back)::
+How a caller uses it, right before the provider call (after the rate limiter and the cancel
+gate, so that a probe is not held by a call that never goes out)::
 
     decision = breaker.before_call(model)
     if isinstance(decision, Open):
@@ -21,9 +22,9 @@ How a caller uses it (every call, including the probe, must report back)::
     except TransientError as exc:  # 429, 5xx, timeouts, connection errors
         breaker.record_failure(model, "provider unavailable (503)", exc.retry_after, probe)
         raise
-    except BaseException:
-        # The provider answered (a 400 is an answer), or the call never went out: either way
-        # not an outage. A probe must still report, or the next probe waits for probe_timeout.
+    except PermanentError:
+        # The provider answered (a 400 is an answer): it is up. A probe that does not report
+        # leaves the model shut until probe_timeout, when the next probe may go.
         breaker.record_success(model, probe)
         raise
     breaker.record_success(model, probe)
@@ -151,7 +152,7 @@ def _text(value: bytes | str | None) -> str:
 
 
 class RedisCircuitBreaker:
-    """The breaker for distributed mode: state in a Redis hash per model, `breaker_key(model)`,
+    """The breaker for distributed mode: state in a Redis hash per model, `key(model)`,
     changed only by breaker.lua. `clock` is passed into the script, so every host's clock
     must agree to well within `window_s` (as NTP gives)."""
 

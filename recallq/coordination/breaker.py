@@ -1,0 +1,416 @@
+"""A per-model circuit breaker that every worker process and host shares.
+
+During a provider incident (minutes of 503s, a 429 storm, timeouts) retrying each item on its
+own spends every attempt of every item in flight and then fails them all. The breaker notices
+the incident once, for everyone: when a model's calls fail for transient reasons at a high
+rate, no worker calls that model. After a cool-down exactly one caller, across all processes,
+is let through as a probe (half-open). The probe's success closes the breaker; its failure
+re-opens it with the cool-down doubled (capped), or with the provider's Retry-After.
+
+Callers are never made to wait: `before_call` answers at once, and while the breaker is open it
+says until when not to call, so the caller can put the item back instead of holding a thread.
+
+How a caller uses it, right before the provider call (after the rate limiter and the cancel
+gate, so that a probe is not held by a call that never goes out)::
+
+    decision = breaker.before_call(model)
+    if isinstance(decision, Open):
+        ...  # put the item back until decision.until
+    probe = decision if isinstance(decision, Probe) else None
+    try:
+        reply = call_the_provider()
+    except TransientError as exc:  # 429, 5xx, timeouts, connection errors
+        breaker.record_failure(model, "provider unavailable (503)", exc.retry_after, probe)
+        raise
+    except PermanentError:
+        # The provider answered (a 400 is an answer): it is up. A probe that does not report
+        # leaves the model shut until probe_timeout, when the next probe may go.
+        breaker.record_success(model, probe)
+        raise
+    breaker.record_success(model, probe)
+
+The sliding window is kept in `_BUCKETS` buckets of `window_s / _BUCKETS` seconds each, so it
+slides in steps of a tenth of the window: memory per model is constant however busy it is.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from redis import Redis
+
+# The window is counted in this many buckets (see the module docstring).
+_BUCKETS = 10
+# A provider's Retry-After is honoured beyond max_cool_down (it knows best), but not beyond
+# this: a bogus header must not silence a model for a day.
+MAX_RETRY_AFTER = 3600.0
+
+_SCRIPT = Path(__file__).with_name("breaker.lua")
+
+
+@dataclass(frozen=True)
+class Closed:
+    """Go ahead and call."""
+
+
+@dataclass(frozen=True)
+class Probe:
+    """Call: you are the one probe. Pass this to record_success / record_failure."""
+
+    token: str
+
+
+@dataclass(frozen=True)
+class Open:
+    """Do not call this model before `until` (unix seconds)."""
+
+    until: float
+    reason: str
+    since: float
+
+
+@dataclass(frozen=True)
+class BreakerState:
+    """A model's breaker for display. `next_probe_at` is, when half-open, the probe's deadline;
+    `failures` counts those in the window when it opened plus one per failed probe."""
+
+    status: Literal["open", "half_open"]
+    reason: str
+    since: float
+    next_probe_at: float
+    cool_down: float
+    failures: int
+
+
+class CircuitBreaker(Protocol):
+    def before_call(self, model: str) -> Closed | Probe | Open: ...
+
+    def record_success(self, model: str, probe: Probe | None = None) -> None: ...
+
+    def record_failure(
+        self,
+        model: str,
+        reason: str,
+        retry_after: float | None = None,
+        probe: Probe | None = None,
+    ) -> None:
+        """Transient failures only: a provider that answers with an error is up."""
+        ...
+
+    def state(self, model: str) -> BreakerState | None:
+        """None when closed."""
+        ...
+
+
+@dataclass(frozen=True)
+class _Settings:
+    window_s: float
+    min_calls: int
+    failure_ratio: float
+    consecutive_failures: int
+    base_cool_down: float
+    max_cool_down: float
+    probe_timeout: float
+
+    def __post_init__(self) -> None:
+        if self.window_s <= 0 or self.probe_timeout <= 0:
+            raise ValueError("window_s and probe_timeout must be positive")
+        if self.min_calls < 1 or self.consecutive_failures < 1:
+            raise ValueError("min_calls and consecutive_failures must be at least 1")
+        if not 0 < self.failure_ratio <= 1:
+            raise ValueError("failure_ratio must be in (0, 1]")
+        if not 0 < self.base_cool_down <= self.max_cool_down:
+            raise ValueError("need 0 < base_cool_down <= max_cool_down")
+
+    @property
+    def linger(self) -> float:
+        """How long a model's state outlives the last moment it matters (its last outcome, or
+        its next probe time when open): long enough that a model that goes quiet between
+        failed probes keeps its doubled cool-down, short enough that idle models leave
+        nothing behind."""
+        return self.window_s + self.max_cool_down
+
+
+def _asked_cool_down(retry_after: float | None) -> float | None:
+    """The provider's Retry-After as a cool-down, or None when it gave none (or nonsense)."""
+    if retry_after is None or math.isnan(retry_after):
+        return None
+    return min(max(retry_after, 0.0), MAX_RETRY_AFTER)
+
+
+def _text(value: bytes | str | None) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return value or ""
+
+
+class RedisCircuitBreaker:
+    """The breaker for distributed mode: state in a Redis hash per model, `key(model)`,
+    changed only by breaker.lua. `clock` is passed into the script, so every host's clock
+    must agree to well within `window_s` (as NTP gives)."""
+
+    def __init__(
+        self,
+        redis: Redis,
+        *,
+        window_s: float = 30.0,
+        min_calls: int = 10,
+        failure_ratio: float = 0.5,
+        consecutive_failures: int = 5,
+        base_cool_down: float = 5.0,
+        max_cool_down: float = 300.0,
+        probe_timeout: float = 60.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        settings = _Settings(
+            window_s,
+            min_calls,
+            failure_ratio,
+            consecutive_failures,
+            base_cool_down,
+            max_cool_down,
+            probe_timeout,
+        )
+        self._redis = redis
+        self._clock = clock
+        self._script = redis.register_script(_SCRIPT.read_text())
+        self._settings_args = [
+            window_s,
+            _BUCKETS,
+            min_calls,
+            failure_ratio,
+            consecutive_failures,
+            base_cool_down,
+            max_cool_down,
+            probe_timeout,
+            settings.linger,
+        ]
+
+    @staticmethod
+    def key(model: str) -> str:
+        return f"recallq:breaker:{model}"
+
+    def _run(self, model: str, command: str, *args: str) -> Any:
+        return self._script(
+            keys=[self.key(model)],
+            args=[command, repr(self._clock()), *self._settings_args, *args],
+        )
+
+    def before_call(self, model: str) -> Closed | Probe | Open:
+        reply: list[bytes | str] = self._run(model, "before", uuid.uuid4().hex)
+        kind = _text(reply[0])
+        if kind == "closed":
+            return Closed()
+        if kind == "probe":
+            return Probe(_text(reply[1]))
+        return Open(until=float(reply[1]), reason=_text(reply[2]), since=float(reply[3]))
+
+    def record_success(self, model: str, probe: Probe | None = None) -> None:
+        self._run(model, "record", "ok", "", "", probe.token if probe else "")
+
+    def record_failure(
+        self,
+        model: str,
+        reason: str,
+        retry_after: float | None = None,
+        probe: Probe | None = None,
+    ) -> None:
+        asked = _asked_cool_down(retry_after)
+        self._run(
+            model,
+            "record",
+            "fail",
+            reason,
+            "" if asked is None else repr(asked),
+            probe.token if probe else "",
+        )
+
+    def state(self, model: str) -> BreakerState | None:
+        fields = ("status", "reason", "since", "next_probe_at", "cool_down", "failures")
+        status, reason, since, next_probe_at, cool_down, failures = self._redis.hmget(
+            self.key(model), fields
+        )
+        if status is None:
+            return None
+        return BreakerState(
+            status="half_open" if _text(status) == "half_open" else "open",
+            reason=_text(reason),
+            since=float(since or 0),
+            next_probe_at=float(next_probe_at or 0),
+            cool_down=float(cool_down or 0),
+            failures=int(failures or 0),
+        )
+
+
+@dataclass
+class _ModelState:
+    """One model in LocalCircuitBreaker: the same fields as breaker.lua's hash."""
+
+    expires_at: float
+    epochs: list[int] = field(default_factory=lambda: [-1] * _BUCKETS)
+    calls: list[int] = field(default_factory=lambda: [0] * _BUCKETS)
+    failed: list[int] = field(default_factory=lambda: [0] * _BUCKETS)
+    consecutive: int = 0
+    reason: str = ""
+    status: Literal["open", "half_open"] | None = None
+    since: float = 0.0
+    next_probe_at: float = 0.0
+    cool_down: float = 0.0
+    failures: int = 0
+    probe: str | None = None
+
+
+class LocalCircuitBreaker:
+    """The breaker for local mode (one process): breaker.lua's semantics under a lock."""
+
+    def __init__(
+        self,
+        *,
+        window_s: float = 30.0,
+        min_calls: int = 10,
+        failure_ratio: float = 0.5,
+        consecutive_failures: int = 5,
+        base_cool_down: float = 5.0,
+        max_cool_down: float = 300.0,
+        probe_timeout: float = 60.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self._settings = _Settings(
+            window_s,
+            min_calls,
+            failure_ratio,
+            consecutive_failures,
+            base_cool_down,
+            max_cool_down,
+            probe_timeout,
+        )
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._models: dict[str, _ModelState] = {}
+
+    def _live(self, model: str, now: float) -> _ModelState | None:
+        """The model's state unless it has expired (as its Redis key would have)."""
+        state = self._models.get(model)
+        if state is not None and state.expires_at <= now:
+            del self._models[model]
+            return None
+        return state
+
+    def _keep_until(self, state: _ModelState, horizon: float) -> None:
+        state.expires_at = horizon + self._settings.linger
+
+    def before_call(self, model: str) -> Closed | Probe | Open:
+        with self._lock:
+            now = self._clock()
+            state = self._live(model, now)
+            if state is None or state.status is None:
+                return Closed()
+            if now < state.next_probe_at:
+                return Open(until=state.next_probe_at, reason=state.reason, since=state.since)
+            state.status = "half_open"
+            state.probe = uuid.uuid4().hex
+            state.next_probe_at = now + self._settings.probe_timeout
+            self._keep_until(state, state.next_probe_at)
+            return Probe(state.probe)
+
+    def record_success(self, model: str, probe: Probe | None = None) -> None:
+        self._record(model, failed=False, reason="", asked_cool_down=None, probe=probe)
+
+    def record_failure(
+        self,
+        model: str,
+        reason: str,
+        retry_after: float | None = None,
+        probe: Probe | None = None,
+    ) -> None:
+        asked = _asked_cool_down(retry_after)
+        self._record(model, failed=True, reason=reason, asked_cool_down=asked, probe=probe)
+
+    def _record(
+        self,
+        model: str,
+        *,
+        failed: bool,
+        reason: str,
+        asked_cool_down: float | None,
+        probe: Probe | None,
+    ) -> None:
+        settings = self._settings
+        with self._lock:
+            now = self._clock()
+            state = self._live(model, now)
+            if state is None:
+                state = self._models[model] = _ModelState(expires_at=now)
+            if state.status is not None:
+                # only the current probe's report counts (see breaker.lua)
+                if probe is None or probe.token != state.probe:
+                    return
+                if not failed:
+                    del self._models[model]
+                    return
+                state.status = "open"
+                state.probe = None
+                state.cool_down = (
+                    asked_cool_down
+                    if asked_cool_down is not None
+                    else min(state.cool_down * 2, settings.max_cool_down)
+                )
+                state.next_probe_at = now + state.cool_down
+                state.reason = reason
+                state.failures += 1
+                self._keep_until(state, state.next_probe_at)
+                return
+
+            epoch = math.floor(now / (settings.window_s / _BUCKETS))
+            slot = epoch % _BUCKETS
+            if state.epochs[slot] != epoch:
+                state.epochs[slot], state.calls[slot], state.failed[slot] = epoch, 0, 0
+            state.calls[slot] += 1
+            self._keep_until(state, now)
+            if not failed:
+                state.consecutive = 0
+                return
+            state.failed[slot] += 1
+            state.reason = reason
+            state.consecutive += 1
+            live = [i for i in range(_BUCKETS) if state.epochs[i] > epoch - _BUCKETS]
+            calls = sum(state.calls[i] for i in live)
+            failures = sum(state.failed[i] for i in live)
+            if state.consecutive >= settings.consecutive_failures or (
+                calls >= settings.min_calls and failures >= settings.failure_ratio * calls
+            ):
+                cool_down = settings.base_cool_down
+                if asked_cool_down is not None:
+                    cool_down = asked_cool_down
+                opened = _ModelState(
+                    expires_at=0.0,
+                    status="open",
+                    since=now,
+                    next_probe_at=now + cool_down,
+                    cool_down=cool_down,
+                    failures=max(failures, state.consecutive),
+                    reason=reason,
+                )
+                self._keep_until(opened, opened.next_probe_at)
+                self._models[model] = opened
+
+    def state(self, model: str) -> BreakerState | None:
+        with self._lock:
+            state = self._live(model, self._clock())
+            if state is None or state.status is None:
+                return None
+            return BreakerState(
+                status=state.status,
+                reason=state.reason,
+                since=state.since,
+                next_probe_at=state.next_probe_at,
+                cool_down=state.cool_down,
+                failures=state.failures,
+            )

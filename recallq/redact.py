@@ -118,10 +118,9 @@ class Redactor:
         ordered = sorted(values, key=lambda value: (-len(value), value))
         self._secrets = re.compile("|".join(map(re.escape, ordered))) if ordered else None
 
-    def __call__(self, text: str) -> str:
+    def __call__(self, message: object) -> str:
         try:
-            if not isinstance(text, str):
-                text = str(text)
+            text = message if isinstance(message, str) else str(message)
             if self._secrets is not None:
                 text = self._secrets.sub(REDACTED, text)
             return _structural(text)

@@ -1,4 +1,4 @@
-"""OpenAI-compatible stub judge server speaking judge protocol v1 (see CONTRACT.md).
+"""OpenAI-compatible stub judge server speaking judge protocol v1 (recallq.judge.protocol).
 
 Run it as a separate process::
 

@@ -31,12 +31,11 @@ def _names_a_state_table(node: ast.expr) -> bool:
 
 
 def _assigns_a_status(target: ast.AST) -> bool:
-    """`run.status = ...`; an object's own `self.status` (an HTTP status, say) is not state."""
-    return (
-        isinstance(target, ast.Attribute)
-        and target.attr == "status"
-        and not (isinstance(target.value, ast.Name) and target.value.id == "self")
-    )
+    """`run.status = ...`, `item.status = ...` (an ORM write of a run or an item)."""
+    if not (isinstance(target, ast.Attribute) and target.attr == "status"):
+        return False
+    owner = ast.unparse(target.value).lower()
+    return "run" in owner or "item" in owner
 
 
 def writes_of_state(source: str) -> list[str]:

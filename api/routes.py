@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 Project = Annotated[str, Depends(current_project)]
 NDJSON = "application/x-ndjson"
+RUN_FIELDS = {"name", "model", "scale", "context", "context_extractor", "retry_deadline_s", "items"}
 
 
 def _runtime(request: Request) -> Runtime:
@@ -67,10 +68,10 @@ def _store(runtime: Runtime, spec: ingest.RunSpec, items: Any) -> tuple[dict[str
         existing = ingest.find_by_idempotency_key(session, spec)
         if existing is not None:
             ingest.check_same_submission(existing, spec, items)
-            return queries.run_view(session, existing), False
+            return runtime.run_view(session, existing), False
         run = ingest.create_run(session, runtime.runs, spec, items, runtime.settings)
         session.flush()
-        view = queries.run_view(session, run)
+        view = runtime.run_view(session, run)
     return view, True
 
 
@@ -85,6 +86,7 @@ async def create_run(
     scale: float = 1,
     context: str | None = Query(None, description="JSON list of static context passages"),
     context_extractor: str | None = Query(None, description="JSON extractor spec"),
+    retry_deadline_s: float | None = None,
 ) -> JSONResponse:
     settings = runtime.settings
     known = runtime.models
@@ -100,6 +102,8 @@ async def create_run(
             context_extractor=_json_param("context_extractor", context_extractor),
             project=project,
             idempotency_key=idempotency_key,
+            retry_deadline_s=retry_deadline_s,
+            default_retry_deadline=settings.retry_deadline,
         )
         lines = blocking_lines(request.stream(), settings.max_body_bytes, settings.max_item_bytes)
         items: Any = ingest.parse_ndjson_lines(lines, settings.max_item_bytes)
@@ -111,7 +115,7 @@ async def create_run(
             raise ApiError(400, "invalid_json", f"body is not valid JSON: {exc}") from exc
         if not isinstance(payload, dict) or not isinstance(payload.get("items"), list):
             raise ApiError(422, "invalid_request", 'body must be an object with an "items" list')
-        unknown = set(payload) - {"name", "model", "scale", "context", "context_extractor", "items"}
+        unknown = set(payload) - RUN_FIELDS
         if unknown:
             raise ApiError(
                 422, "invalid_request", f"unknown field(s): {', '.join(sorted(unknown))}"
@@ -126,6 +130,8 @@ async def create_run(
             context_extractor=payload.get("context_extractor"),
             project=project,
             idempotency_key=idempotency_key,
+            retry_deadline_s=payload.get("retry_deadline_s"),
+            default_retry_deadline=settings.retry_deadline,
         )
         items = payload["items"]
         if len(body) > settings.max_item_bytes:  # else no item can be over the limit
@@ -151,7 +157,7 @@ def _within_item_limit(items: list[Any], max_bytes: int) -> Iterator[Any]:
 @router.get("/v1/runs/{run_id}")
 def get_run(run_id: str, runtime: Rt, project: Project) -> dict[str, Any]:
     with runtime.database.session() as session:
-        return queries.run_view(session, _run_or_404(session, run_id, project))
+        return runtime.run_view(session, _run_or_404(session, run_id, project))
 
 
 def _decode_cursor(cursor: str | None) -> int | None:
@@ -260,14 +266,18 @@ def readyz(runtime: Rt) -> JSONResponse:
         checks["database"] = "ok"
     except Exception as exc:  # noqa: BLE001
         checks["database"] = f"error: {type(exc).__name__}"
+    alive = 0
     try:
-        assert runtime.redis is not None
+        assert runtime.redis is not None and runtime.heartbeat is not None
         runtime.redis.ping()
         checks["redis"] = "ok"
+        alive = runtime.heartbeat.live_workers()
+        # runs are taken but nothing scores them: say so rather than "ok"
+        checks["workers"] = "ok" if alive else "none alive"
     except Exception as exc:  # noqa: BLE001
         checks["redis"] = f"error: {type(exc).__name__}"
     ready = all(v == "ok" for v in checks.values())
     return JSONResponse(
-        {"status": "ok" if ready else "unavailable", "checks": checks},
+        {"status": "ok" if ready else "unavailable", "checks": checks, "workers_alive": alive},
         status_code=200 if ready else 503,
     )

@@ -80,6 +80,7 @@ def raw_http_cpu_ms(stub_base_url: str, calls: int = 300) -> float:
 def litellm_cpu_ms(stub_base_url: str, calls: int = 200) -> float:
     """CPU of one call through recallq's litellm judge (litellm's own cost included)."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    from recallq.coordination.breaker import LocalCircuitBreaker
     from recallq.coordination.gate import OpenGate
     from recallq.coordination.ratelimit import Unlimited
     from recallq.judge.base import Usage
@@ -91,7 +92,7 @@ def litellm_cpu_ms(stub_base_url: str, calls: int = 200) -> float:
         "stub-judge",
         {"model": "openai/stub-judge", "api_base": stub_base_url, "api_key": "sk-bench"},
     )
-    judge = LLMJudge(config, RetryPolicy(), Unlimited(), OpenGate(), 60)
+    judge = LLMJudge(config, RetryPolicy(), Unlimited(), OpenGate(), LocalCircuitBreaker(), 60)
     for _ in range(20):
         judge.extract_claims("Ada Lovelace was born in 1815.", "bench")
     start = time.process_time()

@@ -18,11 +18,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from typing import Protocol
 
 from recallq import scoring
-from recallq.judge.base import NO_USAGE, Judge, JudgeError, RateLimited, Usage
+from recallq.judge.base import NO_USAGE, Judge, JudgeError, TryLater, Usage
 from recallq.judge.registry import JudgeRegistry
 from recallq.outcomes import Continue, Deferred, Ended, Skipped, StageOutcome, Taken
 from recallq.store import ItemStore, RunStore
@@ -65,13 +67,17 @@ class Engine:
         queue: WorkQueue,
         owners: Owners,
         dispatch_window: int,
+        retry_deadline: float,
     ) -> None:
+        """`retry_deadline`: how long an item of a run that sets none may wait out a provider
+        incident before it fails."""
         self.items = items
         self.runs = runs
         self.judges = judges
         self.queue = queue
         self.owners = owners
         self.dispatch_window = dispatch_window
+        self.retry_deadline = retry_deadline
 
     def dispatch(self, run_id: str) -> int:
         """Start a run, or top up its window of queued items. Safe to call again at any time."""
@@ -198,12 +204,27 @@ class Engine:
             return self._settle_error(taken, exc)
 
     def _settle_error(self, taken: Taken, exc: JudgeError) -> Ended | Skipped | Deferred:
-        """A judge error fails the item, or, when the rate limit has no room soon, puts it
-        back in the queue until capacity is expected."""
-        if isinstance(exc, RateLimited):
-            return self.items.defer(taken, exc.delay, exc.usage)
-        return self._fail(taken, str(exc), exc.usage)
+        """A call that cannot succeed now (no rate-limit room, a provider incident) puts the
+        item back in the queue until it can, keeping its claims and usage; a provider
+        incident fails it only once its run's retry deadline has passed. Any other error
+        fails it at once, with the provider's message."""
+        if not isinstance(exc, TryLater):
+            return self._fail(taken, str(exc), exc.usage)
+        if not exc.counts_towards_deadline:
+            waiting = taken.waiting_since
+            return self.items.defer(taken, exc.delay, exc.usage, _datetime(waiting))
+        now = time.time()
+        since = taken.waiting_since or now
+        deadline = self.retry_deadline if taken.retry_deadline_s is None else taken.retry_deadline_s
+        if now - since >= deadline:
+            error = f"gave up after the run's retry deadline ({deadline:g} s) passed: {exc}"
+            return self._fail(taken, error, exc.usage)
+        return self.items.defer(taken, exc.delay, exc.usage, _datetime(since))
 
     def _fail(self, taken: Taken, error: str, usage: Usage) -> Ended | Skipped:
         log.info("item %s of run %s failed: %s", taken.item_id, taken.run_id, error)
         return self.items.fail(taken, error, usage)
+
+
+def _datetime(unix_seconds: float | None) -> datetime | None:
+    return None if unix_seconds is None else datetime.fromtimestamp(unix_seconds, UTC)

@@ -8,6 +8,7 @@ submission leaves nothing behind.
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from collections.abc import Iterable, Iterator
@@ -22,10 +23,11 @@ from recallq import context as ctx
 from recallq import scoring
 from recallq.model_registry import LEXICAL
 from recallq.models import Run
-from recallq.settings import Settings
+from recallq.settings import DEFAULT_RETRY_DEADLINE, Settings
 from recallq.store import RunStore
 
 ITEM_FIELDS = {"id", "input", "output", "ground_truth", "context"}
+MAX_RETRY_DEADLINE = 30 * 86400
 
 
 class SubmissionError(ValueError):
@@ -45,6 +47,7 @@ class RunSpec:
     context_extractor: dict[str, Any] | None = None
     project: str = "default"
     idempotency_key: str | None = None
+    retry_deadline_s: float = DEFAULT_RETRY_DEADLINE
 
 
 def require_known_model(model: str, known_models: Iterable[str]) -> str:
@@ -69,11 +72,14 @@ def build_spec(
     context_extractor: Any = None,
     project: str = "default",
     idempotency_key: str | None = None,
+    retry_deadline_s: Any = None,
+    default_retry_deadline: float = DEFAULT_RETRY_DEADLINE,
 ) -> RunSpec:
     model = require_known_model(model or default_model, known_models)
     try:
         scale = scoring.validate_scale(scale)
         extractor = ctx.validate_extractor(context_extractor)
+        deadline = _retry_deadline(retry_deadline_s, default_retry_deadline)
     except ValueError as exc:
         raise SubmissionError(str(exc)) from exc
     if context is not None and not isinstance(context, list | str):
@@ -88,7 +94,19 @@ def build_spec(
         context_extractor=extractor,
         project=project,
         idempotency_key=idempotency_key,
+        retry_deadline_s=deadline,
     )
+
+
+def _retry_deadline(value: Any, default: float) -> float:
+    """Seconds an item may wait out a provider incident: a positive number, at most 30 days."""
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError("retry_deadline_s must be a number of seconds")
+    if not (math.isfinite(value) and 0 < value <= MAX_RETRY_DEADLINE):
+        raise ValueError(f"retry_deadline_s must be more than 0 and at most {MAX_RETRY_DEADLINE}")
+    return float(value)
 
 
 def item_row(raw: Any, index: int, spec: RunSpec) -> tuple[dict[str, Any], bool]:
@@ -141,6 +159,7 @@ def check_same_submission(run: Run, spec: RunSpec, items: Iterable[Any]) -> None
         "scale": (run.scale, spec.scale),
         "context": (run.context, spec.context),
         "context_extractor": (run.context_extractor, spec.context_extractor),
+        "retry_deadline_s": (run.retry_deadline_s, spec.retry_deadline_s),
     }
     differs = [name for name, (stored, sent) in fields.items() if stored != sent]
     if not differs and sum(1 for _ in items) != run.total_items:
@@ -166,6 +185,7 @@ def create_run(
         context=spec.context,
         context_extractor=spec.context_extractor,
         idempotency_key=spec.idempotency_key,
+        retry_deadline_s=spec.retry_deadline_s,
     )
     rows = _ItemRows(items, spec, settings.max_items_per_run)
     try:

@@ -130,6 +130,7 @@ def submit_local(
     spec = ingest.build_spec(
         model=model,
         default_model=settings.default_model,
+        default_retry_deadline=settings.retry_deadline,
         known_models=runtime.models,
         name=name or path.name,
         scale=scale,
@@ -147,7 +148,7 @@ def run_view(runtime: Runtime, run_id: str) -> dict[str, Any]:
     with runtime.database.session() as session:
         run = session.get(Run, run_id)
         assert run is not None
-        return queries.run_view(session, run)
+        return runtime.run_view(session, run)
 
 
 def process(

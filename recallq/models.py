@@ -52,6 +52,8 @@ class Run(Base):
     context_extractor: Mapped[dict[str, Any] | None] = mapped_column(JSON)
     idempotency_key: Mapped[str | None] = mapped_column(String(200))
     total_items: Mapped[int] = mapped_column(Integer, default=0)
+    # how long an item may wait out a provider incident before it fails (None: the setting)
+    retry_deadline_s: Mapped[float | None] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
@@ -88,6 +90,11 @@ class Item(Base):
     completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
     cache_hits: Mapped[int] = mapped_column(Integer, default=0)
+    call_attempts: Mapped[int] = mapped_column(Integer, default=0)  # requests sent
+    failed_calls: Mapped[int] = mapped_column(Integer, default=0)  # sent, answered with an error
+    deferrals: Mapped[int] = mapped_column(Integer, default=0)  # put back to wait for capacity
+    # since when it waits out a provider incident (reset when it makes progress)
+    waiting_since: Mapped[datetime | None]
     lease_until: Mapped[datetime | None]
     owner: Mapped[str | None] = mapped_column(String(120))  # worker id + token while running
     started_at: Mapped[datetime | None]

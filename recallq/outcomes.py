@@ -24,6 +24,8 @@ class Taken:
     scale: float
     ground_truth: str | None
     claims: tuple[str, ...] | None = None  # known already (a retry reuses extracted claims)
+    retry_deadline_s: float | None = None  # the run's; None: the setting
+    waiting_since: float | None = None  # unix seconds: waiting out a provider incident since
 
     def to_message(self) -> dict[str, Any]:
         return asdict(self)

@@ -36,11 +36,14 @@ def run_view(session: Session, run: Run) -> dict[str, Any]:
             func.coalesce(func.sum(Item.completion_tokens), 0),
             func.coalesce(func.sum(Item.cost_usd), 0.0),
             func.coalesce(func.sum(Item.cache_hits), 0),
+            func.coalesce(func.sum(Item.call_attempts), 0),
+            func.coalesce(func.sum(Item.failed_calls), 0),
+            func.coalesce(func.sum(Item.deferrals), 0),
         ).where(Item.run_id == run.id)
     ).one()
     counts = dict(zip(statuses, row[: len(statuses)], strict=True))
-    totals = row[len(statuses) :]
-    mean, scored, claims_total, claims_attributed, calls, prompt, completion, cost, hits = totals
+    mean, scored, claims_total, claims_attributed, *spent = row[len(statuses) :]
+    calls, prompt, completion, cost, hits, attempts, failed_calls, deferrals = spent
     return {
         "id": run.id,
         "name": run.name,
@@ -50,6 +53,7 @@ def run_view(session: Session, run: Run) -> dict[str, Any]:
         "created_at": _iso(run.created_at),
         "started_at": _iso(run.started_at),
         "finished_at": _iso(run.finished_at),
+        "retry_deadline_s": run.retry_deadline_s,
         "counts": {
             "total": run.total_items,
             "pending": counts[ItemStatus.PENDING] + counts[ItemStatus.QUEUED],
@@ -70,6 +74,9 @@ def run_view(session: Session, run: Run) -> dict[str, Any]:
             "completion_tokens": int(completion),
             "cost_usd": round(float(cost), 6),
             "claim_cache_hits": int(hits),
+            "call_attempts": int(attempts),
+            "failed_calls": int(failed_calls),
+            "deferrals": int(deferrals),
         },
     }
 
@@ -83,6 +90,7 @@ def item_view(item: Item, claims: list[Claim]) -> dict[str, Any]:
         "reason": item.reason,
         "error": item.error,
         "attempts": item.attempts,
+        "deferrals": item.deferrals,
         "claims_total": item.claims_total,
         "claims_attributed": item.claims_attributed,
         "claims": [

@@ -1,8 +1,9 @@
 """The one retry loop for judge calls: exponential backoff with full jitter, Retry-After honoured.
 
 Retries sleep in the calling thread (bounded by max_delay and max_attempts), so they never sit in
-a worker's memory as countdown tasks; a rate-limit wait that would be long is handed back to the
-engine instead (RateLimited), which puts the item back in the queue until capacity is expected.
+a worker's memory as countdown tasks. Anything longer is the engine's: a long rate-limit wait
+(RateLimited), an open circuit breaker or a pass whose attempts all failed (ProviderUnavailable)
+puts the item back in the queue until the call can succeed.
 """
 
 from __future__ import annotations
@@ -13,7 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from recallq.judge.base import PermanentJudgeError, TransientJudgeError
+from recallq.judge.base import (
+    JudgeError,
+    PermanentJudgeError,
+    ProviderUnavailable,
+    TransientJudgeError,
+    Usage,
+)
 
 T = TypeVar("T")
 
@@ -36,12 +43,33 @@ def call_with_retries(
     attempt: Callable[[], T],
     policy: RetryPolicy,
     sleep: Callable[[float], None] = time.sleep,
-) -> T:
+) -> tuple[T, Usage]:
+    """The answer of the first attempt that succeeds, and the requests it took.
+
+    When every attempt of this pass fails transiently the item is not failed: it waits and
+    tries again later (ProviderUnavailable), for as long as its run's retry deadline allows.
+    An error raised before anything was sent (a cancelled run, no rate-limit capacity, an
+    open circuit breaker) passes through, charged with the attempts made before it.
+    """
+    failed = 0
     for number in range(1, policy.max_attempts + 1):
         try:
-            return attempt()
+            answer = attempt()
         except TransientJudgeError as exc:
+            failed += 1
             if number == policy.max_attempts:
-                raise PermanentJudgeError(f"gave up after {number} attempts: {exc}") from exc
+                raise ProviderUnavailable(
+                    f"{exc.reason}: {number} attempts failed, the last with {exc}",
+                    policy.max_delay,
+                    Usage(call_attempts=failed, failed_calls=failed),
+                ) from exc
             sleep(policy.delay(number, exc.retry_after))
-    raise AssertionError("unreachable")
+            continue
+        except PermanentJudgeError as exc:  # the provider answered with an error
+            exc.after(Usage(call_attempts=failed + 1, failed_calls=failed + 1))
+            raise
+        except JudgeError as exc:  # nothing was sent
+            exc.after(Usage(call_attempts=failed, failed_calls=failed))
+            raise
+        return answer, Usage(call_attempts=failed + 1, failed_calls=failed)
+    raise AssertionError("unreachable: max_attempts is at least 1")

@@ -14,10 +14,19 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from functools import cached_property
+from typing import Any
 
 from redis import Redis
+from sqlalchemy.orm import Session
 
+from recallq import queries
+from recallq.coordination.breaker import (
+    CircuitBreaker,
+    LocalCircuitBreaker,
+    RedisCircuitBreaker,
+)
 from recallq.coordination.gate import CallGate, OpenGate, RedisCallGate
 from recallq.coordination.liveness import WORKER_ID, Heartbeat, new_owner_token
 from recallq.coordination.ratelimit import RateLimiter, RedisRateLimiter, Unlimited
@@ -26,9 +35,11 @@ from recallq.engine import Engine, WorkQueue
 from recallq.judge.base import Judge
 from recallq.judge.registry import JudgeRegistry
 from recallq.model_registry import ModelConfig, load_models
+from recallq.models import Run
 from recallq.reaper import Reaper
 from recallq.retry import RetryPolicy
 from recallq.settings import Settings
+from recallq.status import RUN_ACTIVE
 from recallq.store import ItemStore, RunStore
 
 
@@ -115,6 +126,25 @@ class Runtime:
         return RunStore(self.database, self.items, self.settings.insert_batch_size)
 
     @cached_property
+    def breaker(self) -> CircuitBreaker:
+        """The circuit breaker of every model: in Redis, shared by all workers; in local mode,
+        this process's own."""
+        settings = self.settings
+        options: dict[str, Any] = {
+            "window_s": settings.breaker_window,
+            "min_calls": settings.breaker_min_calls,
+            "failure_ratio": settings.breaker_failure_ratio,
+            "consecutive_failures": settings.breaker_consecutive_failures,
+            "base_cool_down": settings.breaker_cool_down,
+            "max_cool_down": settings.breaker_max_cool_down,
+            # a probe is dead only once its call could no longer be running
+            "probe_timeout": settings.request_timeout + 5.0,
+        }
+        if self.redis is None:
+            return LocalCircuitBreaker(**options)
+        return RedisCircuitBreaker(self.redis, **options)
+
+    @cached_property
     def judges(self) -> JudgeRegistry:
         settings = self.settings
         policy = RetryPolicy(
@@ -124,6 +154,7 @@ class Runtime:
             self.models,
             self._limiter_for,
             self.gate,
+            self.breaker,
             policy,
             settings.request_timeout,
             self.judges_given,
@@ -139,12 +170,40 @@ class Runtime:
             self.queue,
             owners,
             self.settings.dispatch_window,
+            self.settings.retry_deadline,
         )
 
     def _limiter_for(self, model: ModelConfig) -> RateLimiter:
         if self.redis is None or not (model.rpm or model.tpm):
             return Unlimited()
         return RedisRateLimiter(self.redis, model.rpm, model.tpm, self.settings.rate_limit_max_wait)
+
+    def run_view(self, session: Session, run: Run) -> dict[str, Any]:
+        """The run as users see it: counts, summary and usage, and why it waits, if it does."""
+        view = queries.run_view(session, run)
+        view["waiting"] = self.waiting(run.model) if run.status in RUN_ACTIVE else None
+        return view
+
+    def waiting(self, model: str) -> dict[str, Any] | None:
+        """Why runs of this model cannot make progress now: its provider is having an
+        incident (its circuit breaker is open), or no worker is alive to score them."""
+        incident = self.breaker.state(model)
+        if incident is not None:
+            return {
+                "model": model,
+                "reason": incident.reason,
+                "since": _iso(incident.since),
+                "next_probe_at": _iso(incident.next_probe_at),
+            }
+        if self.heartbeat is not None and self.heartbeat.live_workers() == 0:
+            last = self.heartbeat.last_beat()
+            return {
+                "model": None,
+                "reason": "no live worker (start one with `recallq worker`)",
+                "since": None if last is None else _iso(last),
+                "next_probe_at": None,
+            }
+        return None
 
     def reaper(self) -> Reaper:
         """The sweeper of lost work (distributed mode: it needs Redis and heartbeats)."""
@@ -163,6 +222,10 @@ class Runtime:
         self.database.dispose()
         if self.redis is not None:
             self.redis.close()
+
+
+def _iso(unix_seconds: float) -> str:
+    return datetime.fromtimestamp(unix_seconds, UTC).isoformat()
 
 
 def redis_client(url: str) -> Redis:

@@ -11,6 +11,7 @@ from pathlib import Path
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_LOCAL_DATABASE_URL = "sqlite:///recallq.db"
+DEFAULT_RETRY_DEADLINE = 6 * 3600.0
 
 
 class Settings(BaseSettings):
@@ -34,6 +35,15 @@ class Settings(BaseSettings):
     reaper_interval: float = 10.0
     heartbeat_ttl: float = 20.0  # a worker silent this long is dead; its items are requeued
     cancel_wait: float = 30.0  # how long a cancel waits for calls already in flight
+
+    # provider incidents: a model's circuit breaker, and how long an item may wait one out
+    retry_deadline: float = DEFAULT_RETRY_DEADLINE  # a run's `retry_deadline_s` overrides it
+    breaker_window: float = 30.0  # seconds of outcomes it looks at
+    breaker_min_calls: int = 10  # outcomes in the window before the failure ratio counts
+    breaker_failure_ratio: float = 0.5  # opens at this share of transient failures...
+    breaker_consecutive_failures: int = 8  # ...or after this many in a row
+    breaker_cool_down: float = 5.0  # first wait before a probe; doubles per failed probe
+    breaker_max_cool_down: float = 300.0
 
     # api
     max_items_per_run: int = 200_000

@@ -78,9 +78,11 @@ TAKE_READ = (
         items.c.started_at,
         items.c.ground_truth,
         items.c.run_id,
+        items.c.waiting_since,
         runs.c.status.label("run_status"),
         runs.c.model,
         runs.c.scale,
+        runs.c.retry_deadline_s,
         exists().where(claims_table.c.item_id == items.c.id).label("has_claims"),
     )
     .join_from(items, runs, runs.c.id == items.c.run_id)
@@ -130,7 +132,17 @@ COMPLETE_RUN = (
 )
 RETRYABLE = (RunStatus.COMPLETED, RunStatus.RUNNING)
 # columns that an update adds to instead of setting
-COUNTERS = ("llm_calls", "prompt_tokens", "completion_tokens", "cost_usd", "cache_hits", "attempts")
+COUNTERS = (
+    "llm_calls",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "cache_hits",
+    "attempts",
+    "call_attempts",
+    "failed_calls",
+    "deferrals",
+)
 
 
 @lru_cache
@@ -236,6 +248,8 @@ def _spent(usage: Usage, cache_hits: int = 0) -> dict[str, Any]:
         "completion_tokens": usage.completion_tokens,
         "cost_usd": usage.cost_usd,
         "cache_hits": cache_hits,
+        "call_attempts": usage.call_attempts,
+        "failed_calls": usage.failed_calls,
     }
 
 
@@ -297,7 +311,18 @@ class ItemStore:
             if not _update_item(conn, item_id, values, **unchanged):
                 return Skipped(SkipReason.NOT_OWNED)
             known = self._stored_claims(conn, item_id) if row.has_claims else None
-        return Taken(item_id, owner, row.run_id, row.model, row.scale, row.ground_truth, known)
+        waiting = as_utc(row.waiting_since).timestamp() if row.waiting_since else None
+        return Taken(
+            item_id,
+            owner,
+            row.run_id,
+            row.model,
+            row.scale,
+            row.ground_truth,
+            known,
+            row.retry_deadline_s,
+            waiting,
+        )
 
     def cached_claims(self, key: str) -> list[str] | None:
         """Claims the claim cache holds for this key (ground truth, model, prompt version)."""
@@ -318,9 +343,13 @@ class ItemStore:
         """running → running: the item's claims (and, when freshly extracted, the claim cache)
         with what their extraction used. The item's next message is on its way: its lease
         becomes a queue lease. Returns the pass with the claims stored, which are an earlier
-        pass's when that one stored its claims first."""
+        pass's when that one stored its claims first. The item made progress: whatever it
+        waited out is over."""
         with self._db.transaction() as conn:
-            values = _spent(usage, int(cache_hit)) | {"lease_until": self.queue_lease()}
+            values = _spent(usage, int(cache_hit)) | {
+                "lease_until": self.queue_lease(),
+                "waiting_since": None,
+            }
             if not self._write_owned(conn, taken, values):
                 return Skipped(SkipReason.NOT_OWNED)
             if not cache_hit:
@@ -332,7 +361,7 @@ class ItemStore:
             stored = tuple(claims)
             if len(inserted) != len(claims):
                 stored = self._stored_claims(conn, taken.item_id)
-        return Taken(**{**taken.to_message(), "claims": stored})
+        return Taken(**{**taken.to_message(), "claims": stored, "waiting_since": None})
 
     def hand_over(self, taken: Taken, new_owner: str) -> tuple[Taken, list[str]] | Skipped:
         """running → running under the owner token of the worker running the next stage, so
@@ -366,6 +395,7 @@ class ItemStore:
             "status": ItemStatus.SUCCEEDED,
             "finished_at": utcnow(),
             "lease_until": None,
+            "waiting_since": None,
             "score": outcome.score,
             "reason": outcome.reason,
             "error": None,
@@ -396,6 +426,7 @@ class ItemStore:
             "status": ItemStatus.FAILED,
             "finished_at": utcnow(),
             "lease_until": None,
+            "waiting_since": None,
             "error": error,
             "score": None,
         }
@@ -404,11 +435,21 @@ class ItemStore:
                 return Skipped(SkipReason.NOT_OWNED)
             return Ended(taken.run_id, self._release_next(conn, taken.run_id))
 
-    def defer(self, taken: Taken, delay: float, usage: Usage) -> Deferred | Skipped:
-        """running → queued, due in `delay` seconds: its worker slot is given back, and the
-        reaper sends the item again when its lease runs out."""
+    def defer(
+        self, taken: Taken, delay: float, usage: Usage, waiting_since: datetime | None
+    ) -> Deferred | Skipped:
+        """running → queued, due in `delay` seconds, keeping its claims and usage: its worker
+        slot is given back, and the reaper sends the item again when its lease runs out.
+        `waiting_since` is when it started to wait out a provider incident (None: it waits
+        for something sure to come, as rate-limit capacity)."""
         until = self._lease(delay)
-        values = _spent(usage) | {"status": ItemStatus.QUEUED, "owner": None, "lease_until": until}
+        values = _spent(usage) | {
+            "status": ItemStatus.QUEUED,
+            "owner": None,
+            "lease_until": until,
+            "deferrals": 1,
+            "waiting_since": waiting_since,
+        }
         with self._db.transaction() as conn:
             if not self._write_owned(conn, taken, values):
                 return Skipped(SkipReason.NOT_OWNED)

@@ -15,7 +15,7 @@
 --                reason         the latest failure's reason
 --                probe          the token of the probe that is out
 --
--- ARGV[1]  command: 'before' | 'record'
+-- ARGV[1]  command: 'before' | 'record' | 'release'
 -- ARGV[2]  now, unix seconds from the caller's clock (so tests can fake it; hosts' clocks must
 --          agree to well within the window, as NTP gives)
 -- ARGV[3..11] settings: window_s, buckets, min_calls, failure_ratio, consecutive_failures,
@@ -25,6 +25,7 @@
 -- record:  ARGV[12] 'ok' | 'fail', ARGV[13] reason, ARGV[14] cool-down asked for by the
 --          provider (Retry-After, already capped) or '', ARGV[15] the caller's probe token or ''
 --          returns what happened: 'counted' | 'opened' | 'closed' | 'reopened' | 'ignored'
+-- release: ARGV[12] the token of a probe whose call was never sent: open again, probe now
 
 local key = KEYS[1]
 local command = ARGV[1]
@@ -51,14 +52,27 @@ if command == 'before' then
   end
   local next_probe_at = tonumber(s[2]) or 0
   if now < next_probe_at then
-    -- read only: while open, asking costs one round trip and no write
-    return {'open', s[2], s[3] or '', s[4] or ARGV[2]}
+    -- read only: while open, asking costs one round trip and no write. While a probe is out
+    -- its answer may come any moment: ask again after the base cool-down, not its deadline.
+    local ask_at = next_probe_at
+    if s[1] == 'half_open' then ask_at = math.min(ask_at, now + base_cool_down) end
+    return {'open', tostring(ask_at), s[3] or '', s[4] or ARGV[2]}
   end
   -- the cool-down has passed (or the last probe's holder went silent): this caller probes
   local deadline = now + probe_timeout
   redis.call('HSET', key, 'status', 'half_open', 'probe', ARGV[12], 'next_probe_at', deadline)
   expire(deadline)
   return {'probe', ARGV[12]}
+end
+
+if command == 'release' then
+  local s = redis.call('HMGET', key, 'status', 'probe')
+  if s[1] == 'half_open' and s[2] == ARGV[12] then
+    redis.call('HSET', key, 'status', 'open', 'next_probe_at', now)
+    redis.call('HDEL', key, 'probe')
+    return 'released'
+  end
+  return 'ignored'
 end
 
 if command ~= 'record' then

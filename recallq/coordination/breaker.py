@@ -41,18 +41,17 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Literal, Protocol
 
 from redis import Redis
+
+from recallq.coordination import keys, scripts
 
 # The window is counted in this many buckets (see the module docstring).
 _BUCKETS = 10
 # A provider's Retry-After is honoured beyond max_cool_down (it knows best), but not beyond
 # this: a bogus header must not silence a model for a day.
 MAX_RETRY_AFTER = 3600.0
-
-_SCRIPT = Path(__file__).with_name("breaker.lua")
 
 
 @dataclass(frozen=True)
@@ -102,6 +101,11 @@ class CircuitBreaker(Protocol):
         probe: Probe | None = None,
     ) -> None:
         """Transient failures only: a provider that answers with an error is up."""
+        ...
+
+    def release(self, model: str, probe: Probe) -> None:
+        """Give back a probe whose call was never sent (its run was cancelled, the rate limit
+        had no room): the next caller may probe at once."""
         ...
 
     def state(self, model: str) -> BreakerState | None:
@@ -180,7 +184,7 @@ class RedisCircuitBreaker:
         )
         self._redis = redis
         self._clock = clock
-        self._script = redis.register_script(_SCRIPT.read_text())
+        self._script = scripts.register(redis, "breaker")
         self._settings_args = [
             window_s,
             _BUCKETS,
@@ -193,13 +197,9 @@ class RedisCircuitBreaker:
             settings.linger,
         ]
 
-    @staticmethod
-    def key(model: str) -> str:
-        return f"recallq:breaker:{model}"
-
     def _run(self, model: str, command: str, *args: str) -> Any:
         return self._script(
-            keys=[self.key(model)],
+            keys=[keys.breaker(model)],
             args=[command, repr(self._clock()), *self._settings_args, *args],
         )
 
@@ -232,10 +232,13 @@ class RedisCircuitBreaker:
             probe.token if probe else "",
         )
 
+    def release(self, model: str, probe: Probe) -> None:
+        self._run(model, "release", probe.token)
+
     def state(self, model: str) -> BreakerState | None:
         fields = ("status", "reason", "since", "next_probe_at", "cool_down", "failures")
         status, reason, since, next_probe_at, cool_down, failures = self._redis.hmget(
-            self.key(model), fields
+            keys.breaker(model), fields
         )
         if status is None:
             return None
@@ -313,7 +316,10 @@ class LocalCircuitBreaker:
             if state is None or state.status is None:
                 return Closed()
             if now < state.next_probe_at:
-                return Open(until=state.next_probe_at, reason=state.reason, since=state.since)
+                until = state.next_probe_at  # while a probe is out, ask again soon (see .lua)
+                if state.status == "half_open":
+                    until = min(until, now + self._settings.base_cool_down)
+                return Open(until=until, reason=state.reason, since=state.since)
             state.status = "half_open"
             state.probe = uuid.uuid4().hex
             state.next_probe_at = now + self._settings.probe_timeout
@@ -400,6 +406,13 @@ class LocalCircuitBreaker:
                 )
                 self._keep_until(opened, opened.next_probe_at)
                 self._models[model] = opened
+
+    def release(self, model: str, probe: Probe) -> None:
+        with self._lock:
+            now = self._clock()
+            state = self._live(model, now)
+            if state is not None and state.status == "half_open" and state.probe == probe.token:
+                state.status, state.probe, state.next_probe_at = "open", None, now
 
     def state(self, model: str) -> BreakerState | None:
         with self._lock:

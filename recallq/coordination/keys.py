@@ -28,3 +28,12 @@ def run_calls_in_flight(run_id: str) -> str:
 def rate_limit(model: str) -> str:
     """Hash: the model's GCRA state (next free request and token times, penalty factor)."""
     return f"{PREFIX}ratelimit:{model}"
+
+
+def breaker(model: str) -> str:
+    """Hash: the model's circuit breaker (its window of outcomes, or open/half-open state)."""
+    return f"{PREFIX}breaker:{model}"
+
+
+#: Sorted set of worker ids scored by their last heartbeat (unix seconds): any worker alive?
+WORKERS = PREFIX + "workers"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import uuid
 
 from redis import Redis
@@ -11,6 +12,7 @@ from redis import Redis
 from recallq.coordination import keys
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
+FORGET_AFTER = 86400.0  # a worker silent this long leaves the list of workers
 
 
 def new_owner_token(worker_id: str = WORKER_ID) -> str:
@@ -35,7 +37,21 @@ class Heartbeat:
         return self.ttl / 4
 
     def beat(self) -> None:
-        self._redis.set(keys.heartbeat(self.worker_id), "1", px=int(self.ttl * 1000))
+        now = time.time()
+        with self._redis.pipeline(transaction=False) as pipe:
+            pipe.set(keys.heartbeat(self.worker_id), "1", px=int(self.ttl * 1000))
+            pipe.zadd(keys.WORKERS, {self.worker_id: now})
+            pipe.zremrangebyscore(keys.WORKERS, "-inf", now - FORGET_AFTER)
+            pipe.execute()
+
+    def live_workers(self) -> int:
+        """How many workers beat within the heartbeat TTL."""
+        return int(self._redis.zcount(keys.WORKERS, time.time() - self.ttl, "+inf"))
+
+    def last_beat(self) -> float | None:
+        """When any worker last beat (unix seconds), if one did within a day."""
+        newest = self._redis.zrevrange(keys.WORKERS, 0, 0, withscores=True)
+        return float(newest[0][1]) if newest else None
 
     def alive(self, worker_ids: list[str]) -> set[str]:
         if not worker_ids:

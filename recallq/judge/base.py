@@ -8,12 +8,18 @@ from typing import Any, Protocol
 
 @dataclass(frozen=True)
 class Usage:
-    """What judge calls used, as the provider reported it. A value: calls add up with `+`."""
+    """What judge calls used. A value: calls add up with `+`.
+
+    `llm_calls` and the tokens and cost count what the provider answered (what is billed);
+    `call_attempts` counts every request sent, `failed_calls` those answered with an error or
+    not at all (timeouts, connection errors)."""
 
     llm_calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cost_usd: float = 0.0
+    call_attempts: int = 0
+    failed_calls: int = 0
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
@@ -21,6 +27,8 @@ class Usage:
             self.prompt_tokens + other.prompt_tokens,
             self.completion_tokens + other.completion_tokens,
             self.cost_usd + other.cost_usd,
+            self.call_attempts + other.call_attempts,
+            self.failed_calls + other.failed_calls,
         )
 
 
@@ -50,19 +58,39 @@ class JudgeError(Exception):
 
 
 class TransientJudgeError(JudgeError):
-    """Worth retrying later: 429, timeouts, 5xx, connection errors."""
+    """One attempt failed for a reason worth retrying: 429, timeouts, 5xx, connection errors.
+    `reason` says which in words a user reads ("provider unavailable (503)")."""
 
-    def __init__(self, message: str, retry_after: float | None = None) -> None:
+    def __init__(self, message: str, reason: str, retry_after: float | None = None) -> None:
         super().__init__(message)
+        self.reason = reason
         self.retry_after = retry_after
 
 
-class RateLimited(JudgeError):
-    """No capacity within the wait a call may block: the item is put back for `delay` seconds."""
+class TryLater(JudgeError):
+    """The call cannot succeed now: the item goes back to the queue for `delay` seconds,
+    keeping its claims and usage, instead of failing."""
+
+    #: Whether waiting for this counts towards the run's retry deadline (a provider incident
+    #: does; waiting for rate-limit capacity that is sure to come does not).
+    counts_towards_deadline = True
+
+    def __init__(self, message: str, delay: float, usage: Usage = NO_USAGE) -> None:
+        super().__init__(message, usage)
+        self.delay = delay
+
+
+class RateLimited(TryLater):
+    """No capacity within the wait a call may block."""
+
+    counts_towards_deadline = False
 
     def __init__(self, model: str, delay: float) -> None:
-        super().__init__(f"rate limit of {model}: next capacity in {delay:.1f}s")
-        self.delay = delay
+        super().__init__(f"rate limit of {model}: next capacity in {delay:.1f}s", delay)
+
+
+class ProviderUnavailable(TryLater):
+    """The model's circuit breaker is open, or every attempt of this pass failed transiently."""
 
 
 class PermanentJudgeError(JudgeError):

@@ -8,10 +8,13 @@ retries are switched off here so attempts never multiply.
 from __future__ import annotations
 
 import os
+import random
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from recallq import patches
+from recallq.coordination.breaker import CircuitBreaker, Open, Probe
 from recallq.coordination.gate import CallGate
 from recallq.coordination.ratelimit import RateLimiter
 from recallq.judge import protocol
@@ -19,6 +22,7 @@ from recallq.judge.base import (
     JudgeError,
     JudgeReply,
     PermanentJudgeError,
+    ProviderUnavailable,
     TransientJudgeError,
     Usage,
 )
@@ -57,6 +61,18 @@ def _retry_after(exc: Exception) -> float | None:
         return None
 
 
+def _reason(exc: Exception) -> str:
+    """What a transient failure means, in the words the run shows while it waits."""
+    if isinstance(exc, litellm.RateLimitError):
+        return "rate limited (429)"
+    if isinstance(exc, litellm.Timeout):
+        return "timeouts"
+    if isinstance(exc, litellm.APIConnectionError):
+        return "connection errors"
+    status = getattr(exc, "status_code", None)
+    return f"provider unavailable ({status})" if status else "provider unavailable"
+
+
 def _estimate_tokens(messages: list[dict[str, str]]) -> int:
     return sum(len(m["content"]) for m in messages) // 4 + 256
 
@@ -79,11 +95,13 @@ class LLMJudge:
         policy: RetryPolicy,
         limiter: RateLimiter,
         gate: CallGate,
+        breaker: CircuitBreaker,
         timeout: float,
     ) -> None:
         patches.prepare_litellm()
         self.name = config.name
         self._gate = gate
+        self._breaker = breaker
         self._params = config.resolved_params()
         self._policy = policy
         self._limiter = limiter
@@ -125,7 +143,8 @@ class LLMJudge:
         try:
             second = self._complete(schema, repair, run_id)
         except JudgeError as exc:
-            raise exc.after(first.usage) from exc
+            exc.after(first.usage)
+            raise
         usage = first.usage + second.usage
         try:
             return JudgeReply(
@@ -140,10 +159,12 @@ class LLMJudge:
         estimate = _estimate_tokens(messages)
 
         def attempt() -> Any:
-            self._limiter.acquire(self.name, estimate)
+            probe = self._may_call()
             try:
+                if probe is None:  # one probe goes whatever the limiter says: it must learn
+                    self._limiter.acquire(self.name, estimate)
                 with self._gate.call(run_id), patches.without_litellm_callbacks():
-                    return litellm.completion(
+                    response = litellm.completion(
                         **self._params,
                         messages=messages,
                         response_format=protocol.response_format(schema),
@@ -153,25 +174,45 @@ class LLMJudge:
                         max_retries=0,
                     )
             except _TRANSIENT as exc:
-                retry_after = _retry_after(exc)
+                reason, retry_after = _reason(exc), _retry_after(exc)
                 if isinstance(exc, litellm.RateLimitError):
                     self._limiter.penalise(self.name, retry_after)
+                self._breaker.record_failure(self.name, reason, retry_after, probe)
                 raise TransientJudgeError(
-                    f"{type(exc).__name__}: {_clean(exc)}", retry_after
+                    f"{type(exc).__name__}: {_clean(exc)}", reason, retry_after
                 ) from exc
-            except _PERMANENT as exc:
+            except _PERMANENT as exc:  # the provider answered: it is up, this call is wrong
+                self._breaker.record_success(self.name, probe)
                 raise PermanentJudgeError(f"{type(exc).__name__}: {_clean(exc)}") from exc
+            except JudgeError:  # not sent (no rate-limit room, a cancelled run)
+                if probe is not None:
+                    self._breaker.release(self.name, probe)
+                raise
+            self._breaker.record_success(self.name, probe)
+            return response
 
-        response = call_with_retries(attempt, self._policy)
+        response, attempts = call_with_retries(attempt, self._policy)
         reported = getattr(response, "usage", None)
         prompt = getattr(reported, "prompt_tokens", 0) or 0
         completion = getattr(reported, "completion_tokens", 0) or 0
         self._limiter.settle(self.name, estimate, prompt + completion)
         cost = float(response._hidden_params.get("response_cost") or 0.0) if self._priced else 0.0
         choice = response.choices[0]
-        return Completion(
-            choice.message.content, choice.finish_reason, Usage(1, prompt, completion, cost)
-        )
+        usage = Usage(1, prompt, completion, cost) + attempts
+        return Completion(choice.message.content, choice.finish_reason, usage)
+
+    def _may_call(self) -> Probe | None:
+        """Whether the model's circuit breaker lets a call go: None (closed) or the probe;
+        while it is open, the item waits (ProviderUnavailable) until the next probe may go,
+        plus a little jitter so the queue does not return all at once."""
+        decision = self._breaker.before_call(self.name)
+        if isinstance(decision, Open):
+            wait = max(0.0, decision.until - time.time()) + random.uniform(0.0, 2.0)
+            raise ProviderUnavailable(
+                f"{decision.reason}: calls to {self.name} paused, next probe in {wait:.0f} s",
+                wait,
+            )
+        return decision if isinstance(decision, Probe) else None
 
 
 def _parse(schema: str, completion: Completion) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 
+from recallq.coordination.breaker import CircuitBreaker
 from recallq.coordination.gate import CallGate
 from recallq.coordination.ratelimit import RateLimiter
 from recallq.judge.base import Judge, PermanentJudgeError
@@ -20,6 +21,7 @@ class JudgeRegistry:
         models: Mapping[str, ModelConfig],
         limiter_for: Callable[[ModelConfig], RateLimiter],
         gate: CallGate,
+        breaker: CircuitBreaker,
         policy: RetryPolicy,
         request_timeout: float,
         judges: Mapping[str, Judge] | None = None,
@@ -28,6 +30,7 @@ class JudgeRegistry:
         self.models = models
         self._limiter_for = limiter_for
         self._gate = gate
+        self.breaker = breaker
         self._policy = policy
         self._timeout = request_timeout
         self._judges: dict[str, Judge] = {LEXICAL: LexicalJudge(), **(judges or {})}
@@ -47,8 +50,7 @@ class JudgeRegistry:
         from recallq.judge.llm import LLMJudge  # imports litellm: only where a model is called
 
         try:
-            return LLMJudge(
-                config, self._policy, self._limiter_for(config), self._gate, self._timeout
-            )
+            limiter = self._limiter_for(config)
+            return LLMJudge(config, self._policy, limiter, self._gate, self.breaker, self._timeout)
         except ModelRegistryError as exc:  # a missing key fails each item at once, not later
             raise PermanentJudgeError(str(exc)) from exc

@@ -189,8 +189,16 @@ def test_responses_never_show_endpoints_or_keys(api: str, service_env: dict[str,
 
 def test_health_and_readiness(api: str) -> None:
     assert httpx.get(f"{api}/healthz").json() == {"status": "ok"}
-    ready = httpx.get(f"{api}/readyz")
-    assert ready.status_code == 200 and ready.json()["checks"] == {"database": "ok", "redis": "ok"}
+    ready = httpx.get(f"{api}/readyz")  # no worker runs in this module
+    assert ready.status_code == 503 and ready.json()["workers_alive"] == 0
+    checks = ready.json()["checks"]
+    assert checks == {"database": "ok", "redis": "ok", "workers": "none alive"}
+
+
+def test_a_run_with_no_live_worker_says_so(api: str) -> None:
+    run = httpx.post(f"{api}/v1/runs", json={"items": _items(1)}).json()
+    waiting = httpx.get(f"{api}/v1/runs/{run['id']}").json()["waiting"]
+    assert waiting["reason"].startswith("no live worker") and waiting["model"] is None
 
 
 def test_a_large_run_submits_and_cancels_in_one_piece(api: str) -> None:

@@ -3,8 +3,6 @@ one for local mode held to the same behaviour."""
 
 from __future__ import annotations
 
-import shutil
-import subprocess
 import threading
 import time
 import uuid
@@ -14,6 +12,7 @@ from typing import Any
 import pytest
 import redis
 
+from recallq.coordination import keys
 from recallq.coordination.breaker import (
     MAX_RETRY_AFTER,
     BreakerState,
@@ -24,39 +23,17 @@ from recallq.coordination.breaker import (
     Probe,
     RedisCircuitBreaker,
 )
-from tests.services import free_port
+from tests.services import redis_database
 
 UNAVAILABLE = "provider unavailable (503)"
 
 
 @pytest.fixture(scope="module")
 def redis_server() -> Iterator[redis.Redis]:
-    """A redis-server of this module's own: no persistence, stopped at the end."""
-    if shutil.which("redis-server") is None:
-        pytest.skip("redis-server is not installed")
-    port = free_port()
-    server = subprocess.Popen(
-        ["redis-server", "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-        + ["--appendonly", "no"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    client = redis.Redis(port=port)
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or server.poll() is not None:
-                    raise
-                time.sleep(0.05)
-        yield client
-    finally:
-        client.close()
-        server.terminate()
-        server.wait(10)
+    """A database of the test session's own redis-server."""
+    client = redis.Redis.from_url(redis_database(15))
+    yield client
+    client.close()
 
 
 class FakeClock:
@@ -95,6 +72,10 @@ def breakers(request: pytest.FixtureRequest, clock: FakeClock) -> Breakers:
 def model() -> str:
     """A model name of the test's own, so tests share the server without seeing each other."""
     return f"provider/model-{uuid.uuid4().hex[:8]}"
+
+
+def _closed() -> BreakerState:
+    raise AssertionError("the breaker is closed")
 
 
 def _at(moment: float) -> Any:
@@ -217,9 +198,10 @@ def test_exactly_one_probe_among_concurrent_workers(
         thread.join()
     probes = [decision for decision in decisions if isinstance(decision, Probe)]
     assert len(probes) == 1
-    # the others wait for the probe's deadline, not spin on a past time
+    # the others ask again after the base cool-down (the probe may answer any moment), not
+    # at once (no spinning) and not at the probe's 60 s deadline
     assert {decision for decision in decisions if isinstance(decision, Open)} == {
-        Open(clock.now + 60.0, UNAVAILABLE, clock.now - 5.0)
+        Open(clock.now + 5.0, UNAVAILABLE, clock.now - 5.0)
     }
     state = workers[1].state(model)
     assert state is not None
@@ -258,7 +240,8 @@ def test_reports_from_calls_begun_before_it_opened_do_not_close_it(
     clock.advance(5.0)
     probe = _probe(breaker, model)
     other_worker.record_success(model)  # not the probe: still half-open
-    assert _open(other_worker, model).until == _at(clock.now + 60.0)
+    assert _open(other_worker, model).until == _at(clock.now + 5.0)  # asks again soon
+    assert (other_worker.state(model) or _closed()).status == "half_open"
     breaker.record_success(model, probe)
     assert other_worker.before_call(model) == Closed()
 
@@ -314,11 +297,27 @@ def test_a_dead_probe_is_replaced_after_probe_timeout(
     clock.advance(0.1)
     replacement = _probe(other_worker, model)
     assert replacement != dead
-    assert _open(breaker, model).until == _at(clock.now + 20.0)
+    assert _open(breaker, model).until == _at(clock.now + 5.0)  # a probe is out: ask again soon
+    state = breaker.state(model)
+    assert state is not None and state.next_probe_at == _at(clock.now + 20.0)
     breaker.record_success(model, dead)  # a late report of the first probe changes nothing
     assert isinstance(breaker.before_call(model), Open)
     other_worker.record_success(model, replacement)
     assert breaker.before_call(model) == Closed()
+
+
+def test_a_probe_given_back_unsent_lets_the_next_caller_probe_at_once(
+    breakers: Breakers, clock: FakeClock, model: str
+) -> None:
+    breaker, other_worker = breakers(2, probe_timeout=60.0)
+    _opened_by_storm(breaker, model)
+    clock.advance(5.0)
+    unsent = _probe(breaker, model)  # its run was cancelled before the call went out
+    assert isinstance(other_worker.before_call(model), Open)
+    breaker.release(model, unsent)
+    assert _probe(other_worker, model) != unsent  # no 60 s wait for a probe never sent
+    other_worker.release(model, unsent)  # a stale give-back changes nothing
+    assert isinstance(breaker.before_call(model), Open)
 
 
 def test_models_are_independent(breakers: Breakers, model: str) -> None:
@@ -358,7 +357,7 @@ def test_every_key_expires_when_idle(redis_server: redis.Redis, model: str) -> N
     breaker = RedisCircuitBreaker(
         redis_server, window_s=0.2, base_cool_down=0.2, max_cool_down=0.4, probe_timeout=0.3
     )
-    key = RedisCircuitBreaker.key(model)
+    key = keys.breaker(model)
     breaker.record_success(model)
     assert 0 < redis_server.pttl(key) <= 601  # window + max cool-down
     for _ in range(5):

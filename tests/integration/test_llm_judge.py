@@ -12,6 +12,7 @@ from collections.abc import Callable
 import litellm
 import pytest
 
+from recallq.coordination.breaker import LocalCircuitBreaker
 from recallq.coordination.gate import OpenGate
 from recallq.coordination.ratelimit import Unlimited
 from recallq.judge.llm import LLMJudge
@@ -21,7 +22,8 @@ from recallq.retry import RetryPolicy
 
 def _judge(stub, model: str) -> LLMJudge:  # type: ignore[no-untyped-def]
     params = {"model": model, "api_base": stub.base_url, "api_key": "sk-test"}
-    return LLMJudge(ModelConfig("judge", params), RetryPolicy(), Unlimited(), OpenGate(), 30)
+    config = ModelConfig("judge", params)
+    return LLMJudge(config, RetryPolicy(), Unlimited(), OpenGate(), LocalCircuitBreaker(), 30)
 
 
 def _count_pricing(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -124,7 +126,8 @@ def test_a_key_missing_from_a_workers_environment_fails_items_at_once(
     from tests.services import write_models_file
 
     models = load_models(write_models_file(tmp_path, clean_stub.base_url))
-    registry = JudgeRegistry(models, lambda _: Unlimited(), OpenGate(), RetryPolicy(), 30)
+    breaker = LocalCircuitBreaker()
+    registry = JudgeRegistry(models, lambda _: Unlimited(), OpenGate(), breaker, RetryPolicy(), 30)
     monkeypatch.delenv("STUB_API_KEY", raising=False)
     with pytest.raises(PermanentJudgeError, match="STUB_API_KEY .* is not set"):
         registry.get("stub-judge")

@@ -16,7 +16,8 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
     if runtime is None:
         settings = Settings()
         sender = broker.configure(Celery("recallq-api"), settings.redis_url)
-        runtime = Runtime.distributed(settings, broker.CeleryQueue(sender))
+        queue = broker.CeleryQueue(sender, settings.extraction_pack)
+        runtime = Runtime.distributed(settings, queue)
     app = FastAPI(title="recallq", version="0.1.0")
     app.state.runtime = runtime
     errors.install(app)

@@ -43,7 +43,8 @@ def audit(database_url: str, run_id: str) -> dict[str, int]:
                        count(*) FILTER (WHERE i.status NOT IN ('succeeded', 'failed', 'cancelled'))
                            AS lost,
                        count(*) FILTER (WHERE i.status = 'succeeded' AND (
-                           coalesce(c.n, 0) <> i.claims_total OR i.llm_calls <> 2)) AS duplicated,
+                           coalesce(c.n, 0) <> i.claims_total OR i.llm_calls NOT IN (1, 2)))
+                           AS duplicated,
                        max(i.attempts) AS max_takes
                 FROM items i
                 LEFT JOIN (SELECT item_id, count(*) AS n FROM claims GROUP BY item_id) c

@@ -3,8 +3,9 @@
 The API and the workers both send (a new run's dispatch; an item's stages), so this lives in
 the library; the tasks that receive these messages are the worker's (worker.tasks).
 
-    dispatch(run_id)                      top up the run's window of queued items
-    extract(item_id) ──► attribute(pass, item_id)     one chain per item
+    dispatch(run_id)                  top up the run's window of queued items
+    extract_group([item_id, ...])     one per group of released items; it sends, for each
+        └──► attribute(pass, item_id)     item whose claims it found, its attribution
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from collections.abc import Sequence
 
 from celery import Celery
 
+from recallq.outcomes import Taken
+
 QUEUE = "recallq"
 DISPATCH = "recallq.dispatch"
-EXTRACT = "recallq.extract"
+EXTRACT_GROUP = "recallq.extract_group"
 ATTRIBUTE = "recallq.attribute"
 
 
@@ -44,14 +47,17 @@ def configure(app: Celery, broker_url: str) -> Celery:
 class CeleryQueue:
     """Sends the engine's work as Celery messages by task name."""
 
-    def __init__(self, app: Celery) -> None:
+    def __init__(self, app: Celery, group_size: int) -> None:
         self.app = app
+        self.group_size = group_size
 
     def send_items(self, item_ids: Sequence[int]) -> None:
-        for item_id in item_ids:
-            extract = self.app.signature(EXTRACT, args=(item_id,), immutable=True)
-            attribute = self.app.signature(ATTRIBUTE, args=(item_id,))
-            (extract | attribute).apply_async()
+        for start in range(0, len(item_ids), self.group_size):
+            group = list(item_ids[start : start + self.group_size])
+            self.app.send_task(EXTRACT_GROUP, args=[group])
+
+    def send_attribution(self, taken: Taken) -> None:
+        self.app.send_task(ATTRIBUTE, args=[taken.to_message(), taken.item_id])
 
     def send_dispatch(self, run_id: str) -> None:
         self.app.send_task(DISPATCH, args=[run_id])

@@ -1,9 +1,10 @@
 """The stages of one item, each idempotent: redelivery or a second copy never duplicates work.
 
     dispatch(run)        release a window of pending items to the queue
-    take(item)           own the item under a fresh owner token, or learn there is nothing to do
-    extract(pass)        claims: judge call 1, or the claim cache
-    attribute(pass)      verdicts, score and reason: judge call 2
+    extract_group(items) take each item (own it under a fresh owner token, or learn there is
+                         nothing to do), then find their claims: from the claim cache, or one
+                         judge call per pack of up to N ground truths
+    attribute(pass)      verdicts, score and reason: one judge call per item
     settle(outcome)      when an item ended, send the items released in its place, or complete
                          the run with its last item
 
@@ -19,12 +20,20 @@ import hashlib
 import json
 import logging
 import time
+from collections import defaultdict
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
 from recallq import scoring
-from recallq.judge.base import NO_USAGE, Judge, JudgeError, TryLater, Usage
+from recallq.judge.base import (
+    NO_USAGE,
+    Judge,
+    JudgeError,
+    PermanentJudgeError,
+    TryLater,
+    Usage,
+)
 from recallq.judge.registry import JudgeRegistry
 from recallq.outcomes import Continue, Deferred, Ended, Skipped, StageOutcome, Taken
 from recallq.store import ItemStore, RunStore
@@ -36,7 +45,12 @@ class WorkQueue(Protocol):
     """Where the engine sends work: the broker (Celery) or an in-process runner."""
 
     def send_items(self, item_ids: Sequence[int]) -> None:
-        """Score these queued items: take, extract, attribute, settle."""
+        """Score these queued items: extraction in groups (`extract_group`), then each item's
+        attribution (`send_attribution`) and settle."""
+        ...
+
+    def send_attribution(self, taken: Taken) -> None:
+        """Attribute (and settle) one item whose claims are known."""
         ...
 
     def send_dispatch(self, run_id: str) -> None:
@@ -66,22 +80,23 @@ class Engine:
         judges: JudgeRegistry,
         queue: WorkQueue,
         owners: Owners,
-        dispatch_window: int,
         retry_deadline: float,
+        pack_tokens: int,
     ) -> None:
         """`retry_deadline`: how long an item of a run that sets none may wait out a provider
-        incident before it fails."""
+        incident before it fails. `pack_tokens`: about how many tokens of ground truths one
+        packed extraction call carries at most."""
         self.items = items
         self.runs = runs
         self.judges = judges
         self.queue = queue
         self.owners = owners
-        self.dispatch_window = dispatch_window
         self.retry_deadline = retry_deadline
+        self.pack_tokens = pack_tokens
 
     def dispatch(self, run_id: str) -> int:
         """Start a run, or top up its window of queued items. Safe to call again at any time."""
-        released = self.runs.release_window(run_id, self.dispatch_window)
+        released = self.runs.release_window(run_id)
         if released:
             self.queue.send_items(released)
         elif released is not None:
@@ -100,25 +115,24 @@ class Engine:
     def extract(self, taken: Taken) -> StageOutcome:
         """The item's claims: known already (a retried item), from the claim cache, or from the
         judge. No claims ends the item with score 0."""
-        if taken.claims is not None:
-            return Continue(taken)
-        assert taken.ground_truth is not None  # take ended items without one
-        judge = self._judge(taken)
-        if isinstance(judge, Ended | Skipped | Deferred):
-            return judge
-        key = cache_key(taken.ground_truth, taken.model, judge.prompt_version)
-        claims = self.items.cached_claims(key)
-        usage, hit = NO_USAGE, claims is not None
-        if claims is None:
-            try:
-                reply = judge.extract_claims(taken.ground_truth, taken.run_id)
-            except JudgeError as exc:
-                return self._settle_error(taken, exc)
-            claims, usage = reply.data["claims"], reply.usage
-        if not claims:
-            return self.items.succeed(taken, scoring.no_claims(), usage, cache_hits=int(hit))
-        stored = self.items.save_claims(taken, claims, usage, hit, key)
-        return stored if isinstance(stored, Skipped) else Continue(stored)
+        return self._extract_together([taken])[0][1]
+
+    def extract_group(self, item_ids: Sequence[int]) -> list[StageOutcome]:
+        """Take several items and find their claims, as `extract` does for one, with one judge
+        call for up to the model's pack size of ground truths (claims depend only on the ground
+        truth, so packing changes nothing they mean). What each item became, in order."""
+        outcomes: dict[int, StageOutcome] = {}
+        by_run: dict[str, list[Taken]] = defaultdict(list)
+        for item_id in item_ids:
+            outcome = self.take(item_id)
+            if isinstance(outcome, Continue) and outcome.taken.claims is None:
+                by_run[outcome.taken.run_id].append(outcome.taken)
+            else:
+                outcomes[item_id] = outcome
+        for passes in by_run.values():  # a run's items share its model and its call gate
+            for taken, outcome in self._extract_together(passes):
+                outcomes[taken.item_id] = outcome
+        return [outcomes[item_id] for item_id in item_ids]
 
     def attribute(self, taken: Taken) -> StageOutcome:
         """Verdicts, score and reason. The stage first takes the item over under this
@@ -136,9 +150,10 @@ class Engine:
                 NO_USAGE,
                 scoring.no_context_verdicts(len(claims)),
             )
-        judge = self._judge(taken)
-        if isinstance(judge, Ended | Skipped | Deferred):
-            return judge
+        try:
+            judge = self.judges.get(taken.model)
+        except JudgeError as exc:
+            return self._settle_error(taken, exc, exc.usage)
         usage = NO_USAGE
         try:
             verdicts, missing, usage = self._verdicts(judge, taken, claims, contexts, None)
@@ -146,7 +161,7 @@ class Engine:
                 again, missing, more = self._verdicts(judge, taken, claims, contexts, missing)
                 verdicts, usage = verdicts | again, usage + more
         except JudgeError as exc:
-            return self._settle_error(taken, exc.after(usage))
+            return self._settle_error(taken, exc, usage + exc.usage)
         if missing:
             names = ", ".join(str(i) for i in missing)
             error = f"the judge gave no verdict for claim(s) {names}, asked twice"
@@ -164,17 +179,81 @@ class Engine:
         else:
             self.runs.complete_if_done(outcome.run_id)
 
-    def run_item(self, item_id: int) -> StageOutcome:
-        """Every stage of one item in this thread (local mode)."""
-        outcome = self.take(item_id)
-        if isinstance(outcome, Continue):
-            outcome = self.extract(outcome.taken)
-        if isinstance(outcome, Continue):
-            outcome = self.attribute(outcome.taken)
-        self.settle(outcome)
-        return outcome
-
     # --- internals --------------------------------------------------------------------------
+
+    def _extract_together(self, passes: list[Taken]) -> list[tuple[Taken, StageOutcome]]:
+        """Claims for passes of one run: known, cached, or extracted in packs."""
+        done: list[tuple[Taken, StageOutcome]] = [
+            (t, Continue(t)) for t in passes if t.claims is not None
+        ]
+        needed = [t for t in passes if t.claims is None]
+        if not needed:
+            return done
+        try:
+            judge = self.judges.get(needed[0].model)
+        except JudgeError as exc:
+            return done + [(t, self._settle_error(t, exc, exc.usage)) for t in needed]
+        uncached: list[tuple[Taken, str]] = []
+        for taken in needed:
+            assert taken.ground_truth is not None  # take ended items without one
+            key = cache_key(taken.ground_truth, taken.model, judge.prompt_version)
+            cached = self.items.cached_claims(key)
+            if cached is None:
+                uncached.append((taken, key))
+            else:
+                done.append((taken, self._claims_found(taken, cached, NO_USAGE, key, hit=True)))
+        for pack in extraction_packs(uncached, self.judges.pack_size(judge.name), self.pack_tokens):
+            if len(pack) == 1:
+                taken, key = pack[0]
+                done.append((taken, self._extract_alone(judge, taken, key, NO_USAGE)))
+            else:
+                done += self._extract_pack(judge, pack)
+        return done
+
+    def _extract_pack(
+        self, judge: Judge, pack: list[tuple[Taken, str]]
+    ) -> list[tuple[Taken, StageOutcome]]:
+        """One call for the pack. An item the answer leaves out (all of them, when it is
+        malformed or the call was refused as a bad request) is extracted on its own: one bad
+        item never fails the others. The call's usage is shared among the pack's items."""
+        texts = [taken.ground_truth or "" for taken, _ in pack]
+        try:
+            reply = judge.extract_claims_packed(texts, pack[0][0].run_id)
+        except PermanentJudgeError as exc:
+            shares, found = split_usage(exc.usage, len(pack)), {}
+        except JudgeError as exc:  # wait (incident, rate limit) or stop (cancelled): all alike
+            shares = split_usage(exc.usage, len(pack))
+            return [
+                (t, self._settle_error(t, exc, u)) for (t, _), u in zip(pack, shares, strict=True)
+            ]
+        else:
+            shares, found = split_usage(reply.usage, len(pack)), reply.claims
+        done: list[tuple[Taken, StageOutcome]] = []
+        for index, ((taken, key), share) in enumerate(zip(pack, shares, strict=True)):
+            claims = found.get(index)
+            if claims is None:
+                done.append((taken, self._extract_alone(judge, taken, key, share)))
+            else:
+                done.append((taken, self._claims_found(taken, claims, share, key, hit=False)))
+        return done
+
+    def _extract_alone(self, judge: Judge, taken: Taken, key: str, spent: Usage) -> StageOutcome:
+        """One call for one ground truth (after `spent` on its behalf already)."""
+        assert taken.ground_truth is not None
+        try:
+            reply = judge.extract_claims(taken.ground_truth, taken.run_id)
+        except JudgeError as exc:
+            return self._settle_error(taken, exc, spent + exc.usage)
+        return self._claims_found(taken, reply.data["claims"], spent + reply.usage, key, hit=False)
+
+    def _claims_found(
+        self, taken: Taken, claims: list[str], usage: Usage, key: str, hit: bool
+    ) -> StageOutcome:
+        """Store the claims (and cache fresh ones); none ends the item with score 0."""
+        if not claims:
+            return self.items.succeed(taken, scoring.no_claims(), usage, cache_hits=int(hit))
+        stored = self.items.save_claims(taken, claims, usage, hit, key)
+        return stored if isinstance(stored, Skipped) else Continue(stored)
 
     def _verdicts(
         self,
@@ -197,33 +276,67 @@ class Engine:
         }
         return verdicts, [asked[j] for j in missing], reply.usage
 
-    def _judge(self, taken: Taken) -> Judge | Ended | Skipped | Deferred:
-        try:
-            return self.judges.get(taken.model)
-        except JudgeError as exc:
-            return self._settle_error(taken, exc)
-
-    def _settle_error(self, taken: Taken, exc: JudgeError) -> Ended | Skipped | Deferred:
+    def _settle_error(
+        self, taken: Taken, exc: JudgeError, usage: Usage
+    ) -> Ended | Skipped | Deferred:
         """A call that cannot succeed now (no rate-limit room, a provider incident) puts the
         item back in the queue until it can, keeping its claims and usage; a provider
         incident fails it only once its run's retry deadline has passed. Any other error
         fails it at once, with the provider's message."""
         if not isinstance(exc, TryLater):
-            return self._fail(taken, str(exc), exc.usage)
+            return self._fail(taken, str(exc), usage)
         if not exc.counts_towards_deadline:
-            waiting = taken.waiting_since
-            return self.items.defer(taken, exc.delay, exc.usage, _datetime(waiting))
+            return self.items.defer(taken, exc.delay, usage, _datetime(taken.waiting_since))
         now = time.time()
         since = taken.waiting_since or now
         deadline = self.retry_deadline if taken.retry_deadline_s is None else taken.retry_deadline_s
         if now - since >= deadline:
             error = f"gave up after the run's retry deadline ({deadline:g} s) passed: {exc}"
-            return self._fail(taken, error, exc.usage)
-        return self.items.defer(taken, exc.delay, exc.usage, _datetime(since))
+            return self._fail(taken, error, usage)
+        return self.items.defer(taken, exc.delay, usage, _datetime(since))
 
     def _fail(self, taken: Taken, error: str, usage: Usage) -> Ended | Skipped:
         log.info("item %s of run %s failed: %s", taken.item_id, taken.run_id, error)
         return self.items.fail(taken, error, usage)
+
+
+def split_usage(usage: Usage, parts: int) -> list[Usage]:
+    """A shared call's usage as `parts` shares that add up to it exactly: the first share
+    carries the call itself (llm_calls, attempts) and the tokens that do not divide evenly,
+    so a run's totals count every call once."""
+    prompt, prompt_rest = divmod(usage.prompt_tokens, parts)
+    completion, completion_rest = divmod(usage.completion_tokens, parts)
+    cost = usage.cost_usd / parts
+    rest = Usage(0, prompt, completion, cost)
+    first = Usage(
+        usage.llm_calls,
+        prompt + prompt_rest,
+        completion + completion_rest,
+        usage.cost_usd - cost * (parts - 1),
+        usage.call_attempts,
+        usage.failed_calls,
+    )
+    return [first] + [rest] * (parts - 1)
+
+
+def extraction_packs(
+    uncached: list[tuple[Taken, str]], size: int, max_tokens: int
+) -> list[list[tuple[Taken, str]]]:
+    """Consecutive packs of at most `size` ground truths and about `max_tokens` tokens of
+    them (4 characters a token); one long ground truth goes alone."""
+    packs: list[list[tuple[Taken, str]]] = []
+    current: list[tuple[Taken, str]] = []
+    tokens = 0
+    for entry in uncached:
+        length = len(entry[0].ground_truth or "") // 4
+        if current and (len(current) >= size or tokens + length > max_tokens):
+            packs.append(current)
+            current, tokens = [], 0
+        current.append(entry)
+        tokens += length
+    if current:
+        packs.append(current)
+    return packs
 
 
 def _datetime(unix_seconds: float | None) -> datetime | None:

@@ -1,7 +1,8 @@
 """Local mode: `recallq run FILE` on SQLite, the engine driven by a thread pool in this process.
 
-The runner is the engine's work queue: an item sent to it runs every stage in one pool thread
-(take, extract, attribute, settle), as a worker runs them in a Celery chain.
+The runner is the engine's work queue and does what a worker's tasks do: items sent to it are
+extracted in groups (one pool task per group), then each item is attributed and settled in a
+pool task of its own.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from recallq import ingest, queries
 from recallq.db import is_sqlite
 from recallq.engine import Engine
 from recallq.models import Item, Run, as_utc, utcnow
-from recallq.outcomes import Deferred
+from recallq.outcomes import Continue, Deferred, StageOutcome, Taken
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.status import RUN_ENDED, ItemStatus
@@ -33,7 +34,8 @@ BUCKETS = 5
 class LocalRunner:
     """A thread pool as the engine's work queue. Deferred items are sent again when due."""
 
-    def __init__(self, concurrency: int) -> None:
+    def __init__(self, concurrency: int, group_size: int) -> None:
+        self._group_size = group_size
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="recallq-local")
         self._engine: Engine | None = None
         self._busy = 0  # work submitted or scheduled and not finished
@@ -44,8 +46,11 @@ class LocalRunner:
         self._engine = engine
 
     def send_items(self, item_ids: Sequence[int]) -> None:
-        for item_id in item_ids:
-            self._submit(self._run_item, item_id)
+        for start in range(0, len(item_ids), self._group_size):
+            self._submit(self._extract_group, list(item_ids[start : start + self._group_size]))
+
+    def send_attribution(self, taken: Taken) -> None:
+        self._submit(self._attribute, taken)
 
     def send_dispatch(self, run_id: str) -> None:
         self._submit(self._dispatch, run_id)
@@ -74,15 +79,29 @@ class LocalRunner:
             with self._lock:
                 self._busy -= 1
 
-    def _run_item(self, item_id: int) -> None:
-        assert self._engine is not None, "start() the runner with its engine first"
-        outcome = self._engine.run_item(item_id)
-        if isinstance(outcome, Deferred):
+    def _extract_group(self, item_ids: list[int]) -> None:
+        engine = self._started()
+        for item_id, outcome in zip(item_ids, engine.extract_group(item_ids), strict=True):
+            self._go_on(engine, item_id, outcome)
+
+    def _attribute(self, taken: Taken) -> None:
+        engine = self._started()
+        self._go_on(engine, taken.item_id, engine.attribute(taken))
+
+    def _go_on(self, engine: Engine, item_id: int, outcome: StageOutcome) -> None:
+        if isinstance(outcome, Continue):
+            self.send_attribution(outcome.taken)
+        elif isinstance(outcome, Deferred):
             self._later(outcome.until, item_id)
+        else:
+            engine.settle(outcome)
+
+    def _started(self) -> Engine:
+        assert self._engine is not None, "start() the runner with its engine first"
+        return self._engine
 
     def _dispatch(self, run_id: str) -> None:
-        assert self._engine is not None, "start() the runner with its engine first"
-        self._engine.dispatch(run_id)
+        self._started().dispatch(run_id)
 
     def _later(self, until: datetime, item_id: int) -> None:
         delay = max(0.0, (as_utc(until) - utcnow()).total_seconds())
@@ -100,7 +119,7 @@ class LocalRunner:
 
 
 def local_runtime(settings: Settings, concurrency: int) -> tuple[Runtime, LocalRunner]:
-    runner = LocalRunner(concurrency)
+    runner = LocalRunner(concurrency, settings.extraction_pack)
     runtime = Runtime.local(settings, runner)
     runner.start(runtime.engine)
     return runtime, runner

@@ -22,6 +22,8 @@ class ModelConfig:
     litellm_params: dict[str, Any] = field(default_factory=dict)
     rpm: int | None = None
     tpm: int | None = None
+    # ground truths per extraction call, at most RECALLQ_EXTRACTION_PACK (None: that setting)
+    extraction_pack: int | None = None
 
     def resolved_params(self) -> dict[str, Any]:
         """litellm params with `os.environ/NAME` values replaced by the variable's value; an
@@ -58,7 +60,14 @@ def load_models(path: Path | None) -> dict[str, ModelConfig]:
         params = entry.get("litellm_params") or {}
         if not isinstance(params, dict) or "model" not in params:
             raise ModelRegistryError(f"model {entry['name']}: litellm_params.model is required")
+        pack = entry.get("extraction_pack")
+        if pack is not None and (isinstance(pack, bool) or not isinstance(pack, int) or pack < 1):
+            raise ModelRegistryError(f"model {entry['name']}: extraction_pack must be 1 or more")
         models[entry["name"]] = ModelConfig(
-            name=entry["name"], litellm_params=params, rpm=entry.get("rpm"), tpm=entry.get("tpm")
+            name=entry["name"],
+            litellm_params=params,
+            rpm=entry.get("rpm"),
+            tpm=entry.get("tpm"),
+            extraction_pack=pack,
         )
     return models

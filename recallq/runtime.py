@@ -117,8 +117,13 @@ class Runtime:
 
     @cached_property
     def items(self) -> ItemStore:
+        settings = self.settings
         return ItemStore(
-            self.database, self.settings.lease_seconds, self.settings.queue_lease_seconds
+            self.database,
+            settings.lease_seconds,
+            settings.queue_lease_seconds,
+            settings.dispatch_window,
+            settings.extraction_pack,
         )
 
     @cached_property
@@ -157,6 +162,7 @@ class Runtime:
             self.breaker,
             policy,
             settings.request_timeout,
+            settings.extraction_pack,
             self.judges_given,
         )
 
@@ -169,8 +175,8 @@ class Runtime:
             self.judges,
             self.queue,
             owners,
-            self.settings.dispatch_window,
             self.settings.retry_deadline,
+            self.settings.extraction_pack_tokens,
         )
 
     def _limiter_for(self, model: ModelConfig) -> RateLimiter:

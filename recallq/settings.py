@@ -26,6 +26,8 @@ class Settings(BaseSettings):
     worker_concurrency: int = 32
     dispatch_window: int = 256  # items of one run in the broker at once: >= 2x worker threads
     max_attempts: int = 5  # judge calls per stage, transient failures included
+    extraction_pack: int = 8  # ground truths per extraction call (a model may set fewer)
+    extraction_pack_tokens: int = 4000  # and about this many tokens of them at most
     retry_base_delay: float = 0.5
     retry_max_delay: float = 30.0
     request_timeout: float = 120.0

@@ -11,7 +11,8 @@ Items (ItemStore)                                  guard in the WHERE clause
     requeue_lost    queued|running → queued        status queued|running; rows others lock
                                                    right now are left for the next sweep
     expire_lease    running → running (due now)    status running
-    release_next    pending → queued               run running; one row nobody else locks
+    release_next    pending → queued               run running; rows nobody else locks;
+                                                   as many as the dispatch window has room for
 Runs (RunStore)
     create          → queued (with its items, pending)
     release_window  queued|running → running, and pending → queued items up to the window
@@ -104,16 +105,22 @@ HAND_OVER = (
     .values(owner=bindparam("b_new_owner"), lease_until=bindparam("b_lease"))
     .returning(items.c.contexts)
 )
+IN_FLIGHT = (
+    select(func.count())
+    .select_from(items)
+    .where(items.c.run_id == bindparam("b_run"), items.c.status.in_(ITEM_IN_FLIGHT))
+)
 RELEASE_NEXT = (
     update(items)
     .where(
-        items.c.id
-        == select(items.c.id)
-        .where(items.c.run_id == bindparam("b_run"), items.c.status == ItemStatus.PENDING)
-        .order_by(items.c.id)
-        .limit(1)
-        .with_for_update(skip_locked=True)
-        .scalar_subquery(),
+        items.c.id.in_(
+            select(items.c.id)
+            .where(items.c.run_id == bindparam("b_run"), items.c.status == ItemStatus.PENDING)
+            .order_by(items.c.id)
+            .limit(bindparam("b_limit"))
+            .with_for_update(skip_locked=True)
+            .scalar_subquery()
+        ),
         exists().where(runs.c.id == bindparam("b_run"), runs.c.status == RunStatus.RUNNING),
     )
     .values(status=ItemStatus.QUEUED, lease_until=bindparam("b_lease"))
@@ -257,11 +264,21 @@ class ItemStore:
     """The moves of one item through its stages (see the module docstring)."""
 
     def __init__(
-        self, database: Database, lease_seconds: float, queue_lease_seconds: float
+        self,
+        database: Database,
+        lease_seconds: float,
+        queue_lease_seconds: float,
+        dispatch_window: int,
+        release_group: int,
     ) -> None:
+        """`dispatch_window`: items of one run queued or running at once. `release_group`: how
+        many places must be free before items are released into them, so that they travel
+        (and are extracted) together."""
         self._db = database
         self.lease_seconds = lease_seconds
         self.queue_lease_seconds = queue_lease_seconds
+        self.dispatch_window = dispatch_window
+        self.release_group = min(release_group, dispatch_window)
 
     def _lease(self, seconds: float | None = None) -> datetime:
         """Lease of a stage at work (default), or of `seconds`."""
@@ -497,9 +514,12 @@ class ItemStore:
         return bool(owned)
 
     def _release_next(self, conn: Connection, run_id: str) -> tuple[int, ...]:
-        """pending → queued: the next pending item of a running run takes a place in its
-        dispatch window."""
-        params = {"b_run": run_id, "b_lease": self.queue_lease()}
+        """pending → queued: when a group's worth of places in a running run's dispatch
+        window is free, that many of its pending items take them."""
+        free = self.dispatch_window - conn.execute(IN_FLIGHT, {"b_run": run_id}).scalar_one()
+        if free < self.release_group:
+            return ()
+        params = {"b_run": run_id, "b_lease": self.queue_lease(), "b_limit": free}
         return tuple(conn.execute(RELEASE_NEXT, params).scalars())
 
     @staticmethod
@@ -541,7 +561,7 @@ class RunStore:
         session.execute(update(runs).where(runs.c.id == run.id).values(total_items=total))
         return total
 
-    def release_window(self, run_id: str, window: int) -> list[int] | None:
+    def release_window(self, run_id: str) -> list[int] | None:
         """queued|running → running, and pending → queued for as many items as the run's
         dispatch window has room for; returns their ids (messages to send), or None when the
         run is gone or ended."""
@@ -568,7 +588,7 @@ class RunStore:
                 items.c.status == ItemStatus.PENDING,
                 values={"status": ItemStatus.QUEUED, "lease_until": self._items.queue_lease()},
                 skip_locked=True,
-                limit=max(0, window - in_flight),
+                limit=max(0, self._items.dispatch_window - in_flight),
             )
 
     def complete_if_done(self, run_id: str) -> bool:

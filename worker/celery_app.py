@@ -24,7 +24,8 @@ def start(settings: Settings) -> Celery:
     patches.prepare_litellm()  # before the first task: litellm loads in ~6 s of CPU
     broker.configure(app, settings.redis_url)
     # No pre-ping before each transaction: an outage already hands the message back.
-    _runtime = Runtime.distributed(settings, broker.CeleryQueue(app), pre_ping=False)
+    queue = broker.CeleryQueue(app, settings.extraction_pack)
+    _runtime = Runtime.distributed(settings, queue, pre_ping=False)
     return app
 
 

@@ -1,6 +1,7 @@
-"""Celery tasks: thin wrappers around the engine's stages, chained per item.
+"""Celery tasks: thin wrappers around the engine's stages.
 
-    extract(item_id) -> the pass (Taken) | None  ──►  attribute(pass, item_id)
+    extract_group([item_id, ...])  ──► for each item whose claims were found:
+                                       attribute(pass, item_id)
 
 A database or Redis outage inside a task puts its message back in the queue (Reject with
 requeue) instead of failing it, so nothing is lost while a service restarts.
@@ -16,7 +17,6 @@ from typing import Any, TypeVar
 
 import redis
 import sqlalchemy.exc
-from celery import Task
 from celery.exceptions import Reject
 
 from recallq import broker
@@ -37,10 +37,12 @@ def requeue_on_outage(task: Callable[..., T]) -> Callable[..., T]:
             return task(*args, **kwargs)
         except OUTAGES as exc:
             log.warning("%s: service unavailable (%s); message goes back", task.__name__, exc)
-            if isinstance(exc, redis.ConnectionError) and isinstance(args[-1], int):
+            if isinstance(exc, redis.ConnectionError):
                 # a broker that is down may lose the message handed back: let the reaper
                 # resend it soon instead of waiting for the stage's lease to run out
-                _expire_lease(args[-1])
+                last = args[-1]
+                for item_id in last if isinstance(last, list) else [last]:
+                    _expire_lease(item_id)
             time.sleep(OUTAGE_PAUSE)
             raise Reject(str(exc), requeue=True) from exc
 
@@ -60,18 +62,15 @@ def dispatch(run_id: str) -> int:
     return runtime().engine.dispatch(run_id)
 
 
-@app.task(name=broker.EXTRACT, bind=True)
+@app.task(name=broker.EXTRACT_GROUP)
 @requeue_on_outage
-def extract(self: Task, item_id: int) -> dict[str, Any] | None:
-    engine = runtime().engine
-    outcome = engine.take(item_id)
-    if isinstance(outcome, Continue):
-        outcome = engine.extract(outcome.taken)
-    if isinstance(outcome, Continue):
-        return outcome.taken.to_message()
-    engine.settle(outcome)
-    self.request.chain = None  # the item ended here (or is not ours): no attribution
-    return None
+def extract_group(item_ids: list[int]) -> None:
+    current = runtime()
+    for outcome in current.engine.extract_group(item_ids):
+        if isinstance(outcome, Continue):
+            current.queue.send_attribution(outcome.taken)
+        else:
+            current.engine.settle(outcome)
 
 
 @app.task(name=broker.ATTRIBUTE)

@@ -43,6 +43,15 @@ class JudgeReply:
     usage: Usage = field(default=NO_USAGE)
 
 
+@dataclass(frozen=True)
+class PackedReply:
+    """Claims of several ground truths extracted in one call, by their index in the call; an
+    index the answer left out (or answered badly) is missing. `usage` is the whole call's."""
+
+    claims: dict[int, list[str]]
+    usage: Usage = field(default=NO_USAGE)
+
+
 class JudgeError(Exception):
     """A judge call that did not produce a usable answer. `usage` counts every call that was
     answered (and so billed) on the way, so the item is charged for them whatever happens."""
@@ -103,6 +112,8 @@ class Judge(Protocol):
     are refused).
 
     extract_claims: data {"ground_truth": str} -> {"claims": [str, ...]}
+    extract_claims_packed: data {"ground_truths": [{"index", "text"}]}
+                           -> {"items": [{"index", "claims": [str, ...]}]}
     attribute: data {"claims": [{"index", "text"}], "contexts": [{"index", "text"}]}
                -> {"verdicts": [{"claim_index", "verdict", "context_indices", "reason"}]}
     """
@@ -111,5 +122,7 @@ class Judge(Protocol):
     prompt_version: str
 
     def extract_claims(self, ground_truth: str, run_id: str) -> JudgeReply: ...
+
+    def extract_claims_packed(self, ground_truths: list[str], run_id: str) -> PackedReply: ...
 
     def attribute(self, claims: list[str], contexts: list[str], run_id: str) -> JudgeReply: ...

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from recallq.judge.base import JudgeReply
+from recallq.judge.base import JudgeReply, PackedReply
 
 __all__ = ["LexicalJudge", "split_claims", "supporting_contexts"]
 
@@ -105,6 +105,9 @@ class LexicalJudge:
 
     def extract_claims(self, ground_truth: str, run_id: str = "") -> JudgeReply:
         return JudgeReply(data={"claims": split_claims(ground_truth)})
+
+    def extract_claims_packed(self, ground_truths: list[str], run_id: str = "") -> PackedReply:
+        return PackedReply({i: split_claims(text) for i, text in enumerate(ground_truths)})
 
     def attribute(self, claims: list[str], contexts: list[str], run_id: str = "") -> JudgeReply:
         context_words = [set(_content_words(context)) for context in contexts]

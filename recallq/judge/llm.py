@@ -21,6 +21,7 @@ from recallq.judge import protocol
 from recallq.judge.base import (
     JudgeError,
     JudgeReply,
+    PackedReply,
     PermanentJudgeError,
     ProviderUnavailable,
     TransientJudgeError,
@@ -125,6 +126,17 @@ class LLMJudge:
     def extract_claims(self, ground_truth: str, run_id: str) -> JudgeReply:
         messages = protocol.extraction_messages(ground_truth)
         return self._ask(protocol.EXTRACTION, messages, run_id)
+
+    def extract_claims_packed(self, ground_truths: list[str], run_id: str) -> PackedReply:
+        """One call for several ground truths. A malformed answer is not repaired: its items
+        are missing, and each falls back to an extraction of its own."""
+        messages = protocol.packed_extraction_messages(ground_truths)
+        answer = self._complete(protocol.EXTRACTION_PACKED, messages, run_id)
+        try:
+            data = _parse(protocol.EXTRACTION_PACKED, answer)
+        except protocol.ProtocolError:
+            return PackedReply({}, answer.usage)
+        return PackedReply(protocol.packed_claims(data, len(ground_truths)), answer.usage)
 
     def attribute(self, claims: list[str], contexts: list[str], run_id: str) -> JudgeReply:
         messages = protocol.attribution_messages(claims, contexts)

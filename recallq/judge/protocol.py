@@ -8,6 +8,7 @@ from typing import Any
 
 PROMPT_VERSION = "v1"
 EXTRACTION = "claim_extraction"
+EXTRACTION_PACKED = "claim_extraction_packed"
 ATTRIBUTION = "claim_attribution"
 
 EXTRACTION_SCHEMA: dict[str, Any] = {
@@ -39,7 +40,31 @@ ATTRIBUTION_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
-SCHEMAS = {EXTRACTION: EXTRACTION_SCHEMA, ATTRIBUTION: ATTRIBUTION_SCHEMA}
+EXTRACTION_PACKED_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "items": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "index": {"type": "integer"},
+                    "claims": {"type": "array", "items": {"type": "string"}},
+                },
+                "required": ["index", "claims"],
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["items"],
+    "additionalProperties": False,
+}
+
+SCHEMAS = {
+    EXTRACTION: EXTRACTION_SCHEMA,
+    EXTRACTION_PACKED: EXTRACTION_PACKED_SCHEMA,
+    ATTRIBUTION: ATTRIBUTION_SCHEMA,
+}
 
 EXTRACTION_SYSTEM = """\
 You break a reference answer into atomic claims for a fact-checking evaluation.
@@ -53,6 +78,16 @@ convert or generalise.
 - Cover everything the answer asserts; add nothing it does not say; do not merge facts.
 - Skip text that asserts nothing (greetings, questions, filler).
 - Answer only with JSON of the form {"claims": ["...", "..."]}."""
+
+EXTRACTION_PACKED_SYSTEM = (
+    EXTRACTION_SYSTEM.rsplit("\n", 1)[0]
+    + """
+- You are given several reference answers, each with an index. Break each one into claims on \
+its own, exactly as if it were the only one: never carry a name, fact or pronoun over from \
+another.
+- Answer only with JSON of the form {"items": [{"index": 0, "claims": ["...", "..."]}]}, with \
+one entry for every index you were given."""
+)
 
 ATTRIBUTION_SYSTEM = """\
 You check whether each claim is supported by retrieved context passages.
@@ -90,6 +125,19 @@ def extraction_messages(ground_truth: str) -> list[dict[str, str]]:
             "role": "user",
             "content": data_message(
                 "Extract the atomic claims of this ground truth.", {"ground_truth": ground_truth}
+            ),
+        },
+    ]
+
+
+def packed_extraction_messages(ground_truths: list[str]) -> list[dict[str, str]]:
+    data = {"ground_truths": [{"index": i, "text": text} for i, text in enumerate(ground_truths)]}
+    return [
+        {"role": "system", "content": EXTRACTION_PACKED_SYSTEM},
+        {
+            "role": "user",
+            "content": data_message(
+                "Extract the atomic claims of each of these ground truths.", data
             ),
         },
     ]
@@ -151,12 +199,33 @@ def parse_answer(
         raise ProtocolError(
             f"invalid JSON ({exc.msg} at char {exc.pos}): {_clip(content)}"
         ) from exc
-    key = "claims" if schema_name == EXTRACTION else "verdicts"
+    key = {EXTRACTION: "claims", EXTRACTION_PACKED: "items"}.get(schema_name, "verdicts")
     if not isinstance(data, dict) or not isinstance(data.get(key), list):
         raise ProtocolError(f'expected an object with a "{key}" list, got: {_clip(content)}')
     if schema_name == EXTRACTION:
-        data["claims"] = [c.strip() for c in data["claims"] if isinstance(c, str) and c.strip()]
+        data["claims"] = _claims(data["claims"])
     return data
+
+
+def packed_claims(data: dict[str, Any], count: int) -> dict[int, list[str]]:
+    """Claims per index of a packed answer, for the indices 0..count-1 it answers well (an
+    entry whose index is out of range, repeated or whose claims are not a list is ignored:
+    that item falls back to an extraction of its own)."""
+    found: dict[int, list[str]] = {}
+    for entry in data.get("items") or []:
+        if not isinstance(entry, dict):
+            continue
+        index, claims = entry.get("index"), entry.get("claims")
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+            continue
+        if index in found or not isinstance(claims, list):
+            continue
+        found[index] = _claims(claims)
+    return found
+
+
+def _claims(raw: list[Any]) -> list[str]:
+    return [c.strip() for c in raw if isinstance(c, str) and c.strip()]
 
 
 def _clip(text: str, limit: int = 200) -> str:

@@ -24,6 +24,7 @@ class JudgeRegistry:
         breaker: CircuitBreaker,
         policy: RetryPolicy,
         request_timeout: float,
+        extraction_pack: int,
         judges: Mapping[str, Judge] | None = None,
     ) -> None:
         """`judges` are ready-made judges by name (tests put doubles of a provider here)."""
@@ -33,6 +34,7 @@ class JudgeRegistry:
         self.breaker = breaker
         self._policy = policy
         self._timeout = request_timeout
+        self._pack = extraction_pack
         self._judges: dict[str, Judge] = {LEXICAL: LexicalJudge(), **(judges or {})}
         self._lock = threading.Lock()
 
@@ -42,6 +44,13 @@ class JudgeRegistry:
             if name not in self._judges:
                 self._judges[name] = self._build(name)
             return self._judges[name]
+
+    def pack_size(self, name: str) -> int:
+        """Ground truths one extraction call of this model may carry: the setting (items
+        travel in groups that large), or fewer when the models file says so for the model."""
+        config = self.models.get(name)
+        wanted = config.extraction_pack if config and config.extraction_pack else self._pack
+        return max(1, min(wanted, self._pack))
 
     def _build(self, name: str) -> Judge:
         config = self.models.get(name)

@@ -65,8 +65,10 @@ def test_same_scenarios_through_the_stub_on_sqlite(tmp_path: Path, clean_stub) -
     assert results["no-ground-truth"]["score"] == 0 and results["no-ground-truth"]["claims"] == []
     assert "no context was retrieved" in results["no-context"]["reason"]
     calls = Counter(c["schema"] for c in clean_stub.calls())
-    assert calls == Counter({"claim_extraction": 3, "claim_attribution": 2})
-    assert "llm calls         5" in done.stdout
+    # the three ground truths are extracted in one packed call, then one attribution each
+    # (none for the item without context)
+    assert calls == Counter({"claim_extraction_packed": 1, "claim_attribution": 2})
+    assert "llm calls         3" in done.stdout
 
 
 def test_bad_file_is_a_clear_error(tmp_path: Path) -> None:

@@ -82,7 +82,7 @@ def test_429s_and_500s_are_retried_within_the_bound(api, workers, fault_env, cle
     workers.append(start_worker(fault_env, concurrency=16))
     run_id = submit(api, make_items("r", 30))
     run = wait_for_run(api, run_id, timeout=180)
-    assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run)
+    assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run, calls_for_tag(clean_stub, "r"))
 
     calls = calls_for_tag(clean_stub, "r")
     statuses = [c["status"] for c in calls]
@@ -108,7 +108,7 @@ def test_two_workers_share_one_rate_limit(api, workers, fault_env, clean_stub, t
     workers += [start_worker(env, concurrency=16), start_worker(env, concurrency=16)]
     run_id = submit(api, make_items("l", 100))
     run = wait_for_run(api, run_id, timeout=240)
-    assert_exactly_once(env["RECALLQ_DATABASE_URL"], run)
+    assert_exactly_once(env["RECALLQ_DATABASE_URL"], run, calls_for_tag(clean_stub, "l"))
 
     calls = sorted(calls_for_tag(clean_stub, "l"), key=lambda c: c["t"])
     refused = [c for c in calls if c["status"] == 429]
@@ -128,7 +128,8 @@ def test_sigkilled_workers_lose_and_duplicate_nothing(api, workers, fault_env, c
         victim.kill()  # mid-run: items in flight, messages unacknowledged
     workers.append(start_worker(fault_env, concurrency=8))
     run = wait_for_run(api, run_id, timeout=180)
-    assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run)
+    answered = calls_for_tag(clean_stub, "k")
+    assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run, answered, crashed=True)
     assert any(
         r["attempts"] > 1
         for r in httpx.get(f"{api}/v1/runs/{run_id}/items", params={"limit": 100}).json()["items"]
@@ -142,7 +143,8 @@ def test_redis_restart_mid_run(api, workers, fault_env, clean_stub) -> None:  # 
     wait_until(lambda: progress(api, run_id) >= 10, timeout=90)
     redis_server().restart()  # no persistence: every queued message is gone
     run = wait_for_run(api, run_id, timeout=180)
-    assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run)
+    answered = calls_for_tag(clean_stub, "x")
+    assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run, answered, crashed=True)
 
 
 def test_postgres_restart_mid_run(api, workers, fault_env, clean_stub, postgres) -> None:  # type: ignore[no-untyped-def]
@@ -153,7 +155,8 @@ def test_postgres_restart_mid_run(api, workers, fault_env, clean_stub, postgres)
     postgres.restart()
     wait_until(lambda: _api_answers(api, run_id), timeout=60)
     run = wait_for_run(api, run_id, timeout=180)
-    assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run)
+    answered = calls_for_tag(clean_stub, "p")
+    assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run, answered, crashed=True)
 
 
 def _api_answers(api: str, run_id: str) -> bool:
@@ -190,10 +193,13 @@ def test_broken_judge_output_fails_only_marked_items(api, workers, fault_env, cl
     assert run["status"] == "completed"
     assert run["counts"]["failed"] == 3 and run["counts"]["succeeded"] == 17
     rows = {r["key"]: r for r in item_rows(fault_env["RECALLQ_DATABASE_URL"], run_id)}
-    assert "invalid JSON" in rows["b-3"]["error"] and '{"claims": [' in rows["b-3"]["error"]
+    # their ground truths were extracted together with the others (the marker only breaks
+    # single answers); the claims carry the marker into attribution, which breaks
+    assert "invalid JSON" in rows["b-3"]["error"] and '{"verdicts": [' in rows["b-3"]["error"]
     assert "cut off" in rows["b-7"]["error"]
-    assert 'expected an object with a "claims" list' in rows["b-11"]["error"]
+    assert 'expected an object with a "verdicts" list' in rows["b-11"]["error"]
     for key in ("b-3", "b-7", "b-11"):
         assert "malformed answer after a repair request" in rows[key]["error"]
-        assert rows[key]["llm_calls"] == 2  # the call and one repair
+    attributions = [c for c in calls_for_tag(clean_stub, "b") if c["schema"] == "claim_attribution"]
+    assert len(attributions) == 17 + 3 * 2  # the three broken ones: the call and one repair
     assert all(r["score"] == 1.0 for k, r in rows.items() if k not in ("b-3", "b-7", "b-11"))

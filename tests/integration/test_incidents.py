@@ -117,14 +117,15 @@ def test_a_90_s_outage_mid_run_fails_nothing_and_sends_only_probes(
     assert run["status"] == "completed"
     assert run["counts"]["failed"] == 0 and run["counts"]["succeeded"] == 300
     assert run["usage"]["deferrals"] > 0 and run["usage"]["failed_calls"] > 0
-    assert run["usage"]["llm_calls"] == 600  # what the provider answered, counted once
+    answered = [c for c in calls_for_tag(provider, "o") if c["status"] == 200]
+    assert run["usage"]["llm_calls"] == len(answered)  # what the provider answered, once
     calls = _outage_calls(provider, "o")
     # calls in flight when it began fail, the breaker opens, then only probes go out
     late = [c for c in calls if c["t"] > started + 5]
     assert len(calls) <= 60, len(calls)
     assert len(late) <= 90 / COOL_DOWN, len(late)
     rows = item_rows(incident_env["RECALLQ_DATABASE_URL"], run_id)
-    assert all(r["llm_calls"] == 2 for r in rows)
+    assert all(1 <= r["llm_calls"] <= 2 for r in rows)  # its attribution, a share of packs
 
 
 def test_a_429_and_500_storm_fails_nothing(api: str, workers: list[Process], provider) -> None:  # type: ignore[no-untyped-def]

@@ -127,7 +127,9 @@ def test_a_key_missing_from_a_workers_environment_fails_items_at_once(
 
     models = load_models(write_models_file(tmp_path, clean_stub.base_url))
     breaker = LocalCircuitBreaker()
-    registry = JudgeRegistry(models, lambda _: Unlimited(), OpenGate(), breaker, RetryPolicy(), 30)
+    registry = JudgeRegistry(
+        models, lambda _: Unlimited(), OpenGate(), breaker, RetryPolicy(), 30, 8
+    )
     monkeypatch.delenv("STUB_API_KEY", raising=False)
     with pytest.raises(PermanentJudgeError, match="STUB_API_KEY .* is not set"):
         registry.get("stub-judge")

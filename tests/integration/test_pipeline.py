@@ -107,15 +107,17 @@ def test_run_through_api_and_worker(services, clean_stub) -> None:  # type: igno
     static = items["static-context"]  # JSON ground truth, judged against the run's context
     assert static["claims_total"] == 1 and static["score"] == 1.0
 
-    # 2 calls per scorable item, 0 without ground truth, 1 with empty context
+    # the 4 ground truths in one packed extraction call, then one attribution per item with
+    # context; no call for the item without a ground truth
     texts = [ITEMS[i]["ground_truth"] for i in (0, 1, 3)] + ["Mercury orbits closest"]
     texts += ITEMS[0]["context"] + ITEMS[1]["context"]
     assert _calls_by_kind(clean_stub, texts) == Counter(
-        {"claim_extraction": 4, "claim_attribution": 3}
+        {"claim_extraction_packed": 1, "claim_attribution": 3}
     )
-    extraction_data = [c["data"] for c in clean_stub.calls() if c["schema"] == "claim_extraction"]
-    assert {"ground_truth": '{"answer": "Mercury orbits closest"}'} in extraction_data
-    assert run["usage"]["llm_calls"] == 7
+    (packed,) = [c["data"] for c in clean_stub.calls() if c["schema"] == "claim_extraction_packed"]
+    packed_texts = [entry["text"] for entry in packed["ground_truths"]]
+    assert '{"answer": "Mercury orbits closest"}' in packed_texts and len(packed_texts) == 4
+    assert run["usage"]["llm_calls"] == 4
     assert run["usage"]["prompt_tokens"] > 0 and run["usage"]["completion_tokens"] > 0
     assert run["summary"] == {
         "mean_score": round((1 + 0.67 + 0 + 0 + 1) / 5, 4),
@@ -126,6 +128,7 @@ def test_run_through_api_and_worker(services, clean_stub) -> None:  # type: igno
 
 
 def test_protocol_v1_on_the_wire(services, clean_stub) -> None:  # type: ignore[no-untyped-def]
+    """One item alone: its extraction goes as the single-item form."""
     url, _ = services
     item = {
         "id": "wire",

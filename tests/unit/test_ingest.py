@@ -385,7 +385,7 @@ def stored_items(db: Database, run_id: str) -> list[Item]:
 
 def _create(db: Database, run_spec: RunSpec, items, settings: dict) -> str:
     config = Settings(**settings)
-    runs = RunStore(db, ItemStore(db, 600, 120), config.insert_batch_size)
+    runs = RunStore(db, ItemStore(db, 600, 120, 256, 8), config.insert_batch_size)
     with db.session() as session:
         return create_run(session, runs, run_spec, items, config).id
 

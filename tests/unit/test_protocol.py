@@ -300,3 +300,45 @@ def test_parse_cleans_claims_of_blanks_and_non_strings() -> None:
 
 def test_parse_claims_can_end_up_empty() -> None:
     assert parse_answer(EXTRACTION, '{"claims": ["", " ", 1]}', "stop") == {"claims": []}
+
+
+# --- packed extraction ---------------------------------------------------------------------
+
+
+def test_packed_extraction_carries_every_ground_truth_with_its_index() -> None:
+    from recallq.judge.protocol import EXTRACTION_PACKED, packed_extraction_messages
+
+    messages = packed_extraction_messages(["First fact.", "Second fact."])
+    data = json.loads(messages[-1]["content"].split("```json\n", 1)[1].rsplit("```", 1)[0])
+    assert data == {
+        "ground_truths": [{"index": 0, "text": "First fact."}, {"index": 1, "text": "Second fact."}]
+    }
+    assert "exactly as if it were the only one" in messages[0]["content"]
+    assert response_format(EXTRACTION_PACKED)["json_schema"]["name"] == "claim_extraction_packed"
+
+
+def test_packed_claims_keep_good_entries_and_drop_the_rest() -> None:
+    from recallq.judge.protocol import EXTRACTION_PACKED, packed_claims
+
+    content = json.dumps(
+        {
+            "items": [
+                {"index": 0, "claims": [" A. ", "", 7, "B"]},
+                {"index": 0, "claims": ["repeated index: ignored"]},
+                {"index": 3, "claims": ["out of range"]},
+                {"index": True, "claims": ["not an index"]},
+                {"index": 1, "claims": "not a list"},
+                "not an object",
+                {"index": 2, "claims": []},
+            ]
+        }
+    )
+    data = parse_answer(EXTRACTION_PACKED, content, "stop")
+    assert packed_claims(data, 3) == {0: ["A.", "B"], 2: []}
+
+
+def test_a_packed_answer_without_items_is_malformed() -> None:
+    from recallq.judge.protocol import EXTRACTION_PACKED
+
+    with pytest.raises(ProtocolError, match='expected an object with a "items" list'):
+        parse_answer(EXTRACTION_PACKED, '{"claims": []}', "stop")

@@ -1,0 +1,97 @@
+"""Packed claim extraction with real workers and the stub over HTTP: the same claims and scores
+as one call per item, fewer calls, and items a packed answer leaves out fall back alone."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.faults import calls_for_tag, make_items, submit
+from tests.services import Process, start_api, start_worker, wait_for_run, write_models_file
+
+
+@pytest.fixture(scope="module")
+def packing_env(service_env: dict[str, str], stub, tmp_path_factory) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    directory: Path = tmp_path_factory.mktemp("packing")
+    models = write_models_file(directory, stub.base_url)
+    with models.open("a") as handle:  # the same provider, one ground truth per call
+        handle.write(
+            "  - name: stub-single\n"
+            "    extraction_pack: 1\n"
+            "    litellm_params:\n"
+            "      model: openai/stub-judge\n"
+            f"      api_base: {stub.base_url}\n"
+            "      api_key: os.environ/STUB_API_KEY\n"
+        )
+    return {**service_env, "RECALLQ_MODELS_FILE": str(models), "RECALLQ_EXTRACTION_PACK": "8"}
+
+
+@pytest.fixture(scope="module")
+def api(packing_env: dict[str, str]) -> Iterator[str]:
+    worker: Process = start_worker(packing_env, concurrency=8)
+    process, url = start_api(packing_env)
+    yield url
+    process.stop()
+    worker.stop()
+
+
+def _items(api: str, run_id: str) -> dict[str, dict[str, Any]]:
+    page = httpx.get(f"{api}/v1/runs/{run_id}/items", params={"limit": 1000}).json()
+    return {item["id"].split("-", 1)[1]: item for item in page["items"]}
+
+
+def _verdicts(item: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(c["text"], c["verdict"]) for c in item["claims"]]
+
+
+def test_packed_and_single_extraction_give_the_same_claims_and_scores(api, clean_stub) -> None:  # type: ignore[no-untyped-def]
+    packed = wait_for_run(api, submit(api, make_items("pa", 40)))
+    single = wait_for_run(api, submit(api, make_items("pb", 40), model="stub-single"))
+    assert packed["counts"]["succeeded"] == single["counts"]["succeeded"] == 40
+    by_packed, by_single = _items(api, packed["id"]), _items(api, single["id"])
+    for key, item in by_packed.items():
+        twin = by_single[key]
+        assert item["score"] == twin["score"]
+        assert _verdicts(item) == [(t.replace("pb", "pa"), v) for t, v in _verdicts(twin)]
+    kinds = Counter(c["schema"] for c in calls_for_tag(clean_stub, "pb"))
+    assert kinds == Counter({"claim_extraction": 40, "claim_attribution": 40})
+
+
+def test_a_first_run_makes_at_most_1_15_calls_per_item_and_a_rerun_1(api, clean_stub) -> None:  # type: ignore[no-untyped-def]
+    items = make_items("c", 200)
+    first = wait_for_run(api, submit(api, items))
+    answered = [c for c in calls_for_tag(clean_stub, "c") if c["status"] == 200]
+    assert first["counts"]["succeeded"] == 200
+    assert len(answered) / 200 <= 1.15, Counter(c["schema"] for c in answered)
+    assert first["usage"]["llm_calls"] == len(answered)
+
+    clean_stub.reset()
+    again = wait_for_run(api, submit(api, items))  # the same ground truths: the claim cache
+    answered = [c for c in calls_for_tag(clean_stub, "c") if c["status"] == 200]
+    assert len(answered) == 200 and again["usage"]["llm_calls"] == 200
+    assert {c["schema"] for c in answered} == {"claim_attribution"}
+    assert again["usage"]["claim_cache_hits"] == 200
+
+
+@pytest.mark.parametrize(
+    ("marks", "falls_back"),
+    [({3: "STUB_PACK_DROP", 5: "STUB_PACK_DROP"}, 2), ({0: "STUB_PACK_BROKEN"}, 8)],
+    ids=["two-left-out", "malformed"],
+)
+def test_items_a_packed_answer_misses_fall_back_alone_and_all_score(
+    api, clean_stub, marks: dict[int, str], falls_back: int
+) -> None:  # type: ignore[no-untyped-def]
+    tag = "d" if falls_back == 2 else "m"
+    run = wait_for_run(api, submit(api, make_items(tag, 8, marks)))
+    assert run["counts"]["succeeded"] == 8 and run["counts"]["failed"] == 0
+    kinds = Counter(c["schema"] for c in calls_for_tag(clean_stub, tag) if c["status"] == 200)
+    assert kinds == Counter(
+        {"claim_extraction_packed": 1, "claim_extraction": falls_back, "claim_attribution": 8}
+    )
+    items = _items(api, run["id"])
+    assert all(item["claims_total"] >= 2 for item in items.values())

@@ -1,4 +1,5 @@
-"""The worker's background thread: its heartbeat, and the reaper's sweeps.
+"""The worker's background thread: its heartbeat, the reaper's sweeps, and handing back the
+items of tasks that a database or Redis outage interrupted.
 
 Started when the worker is ready, stopped when it shuts down. One worker at a time sweeps
 (see recallq.reaper); every worker beats.
@@ -14,17 +15,39 @@ from typing import Any
 from celery import signals
 
 from recallq.reaper import Reaper
+from recallq.store import ItemStore
 from worker.celery_app import runtime
 
 log = logging.getLogger(__name__)
 
 _stop = threading.Event()
+_abandoned: set[int] = set()
+_abandoned_lock = threading.Lock()
 
 
-def _loop(reaper: Reaper) -> None:
+def hand_back(item_ids: list[object]) -> None:
+    """Items an interrupted task held: their leases expire as soon as the database answers."""
+    with _abandoned_lock:
+        _abandoned.update(i for i in item_ids if isinstance(i, int))
+
+
+def _hand_back_abandoned(items: ItemStore) -> None:
+    with _abandoned_lock:
+        pending = list(_abandoned)
+    for item_id in pending:
+        items.expire_lease(item_id)  # raises while the database is still down: next beat
+        with _abandoned_lock:
+            _abandoned.discard(item_id)
+
+
+def _loop(reaper: Reaper, items: ItemStore) -> None:
     heartbeat = reaper.heartbeat
     next_sweep = time.monotonic() + min(reaper.interval, heartbeat.interval)
     while not _stop.is_set():
+        try:
+            _hand_back_abandoned(items)
+        except Exception:  # noqa: BLE001  (the database is still down)
+            log.info("items to hand back wait for the database", exc_info=True)
         try:
             heartbeat.beat()
             if time.monotonic() >= next_sweep:
@@ -45,10 +68,14 @@ def _quiet_per_task_logs(**_: Any) -> None:
 
 @signals.worker_ready.connect
 def _start(**_: Any) -> None:
-    reaper = runtime().reaper()
+    current = runtime()
+    reaper = current.reaper()
     reaper.heartbeat.beat()
     reaper.mark_broker_fresh()
-    threading.Thread(target=_loop, args=(reaper,), name="recallq-housekeeping", daemon=True).start()
+    thread = threading.Thread(
+        target=_loop, args=(reaper, current.items), name="recallq-housekeeping", daemon=True
+    )
+    thread.start()
 
 
 @signals.worker_shutdown.connect

@@ -21,6 +21,7 @@ from celery.exceptions import Reject
 
 from recallq import broker
 from recallq.outcomes import Continue, Taken
+from worker import housekeeping
 from worker.celery_app import app, runtime
 
 log = logging.getLogger(__name__)
@@ -37,23 +38,15 @@ def requeue_on_outage(task: Callable[..., T]) -> Callable[..., T]:
             return task(*args, **kwargs)
         except OUTAGES as exc:
             log.warning("%s: service unavailable (%s); message goes back", task.__name__, exc)
-            if isinstance(exc, redis.ConnectionError):
-                # a broker that is down may lose the message handed back: let the reaper
-                # resend it soon instead of waiting for the stage's lease to run out
-                last = args[-1]
-                for item_id in last if isinstance(last, list) else [last]:
-                    _expire_lease(item_id)
+            # This worker still holds the items it took, and it lives on: its message may come
+            # back to a worker that leaves them to it, or be lost with the broker. Hand them
+            # back as soon as the database answers, so the reaper sends them again then.
+            last = args[-1] if args else None
+            housekeeping.hand_back(last if isinstance(last, list) else [last])
             time.sleep(OUTAGE_PAUSE)
             raise Reject(str(exc), requeue=True) from exc
 
     return run
-
-
-def _expire_lease(item_id: int) -> None:
-    try:
-        runtime().items.expire_lease(item_id)
-    except Exception:  # noqa: BLE001  (called while handling an outage: best effort)
-        log.warning("could not expire the lease of item %s", item_id, exc_info=True)
 
 
 @app.task(name=broker.DISPATCH)

@@ -49,8 +49,7 @@ def summarise_groups(items: Iterable[GroupedItem], by: str) -> dict[str, dict[st
         elif item.status == "failed":
             group["failed"] += 1
     return {
-        name: {**groups[name], "mean_score": _mean(scores.get(name, []))}
-        for name in sorted(groups)
+        name: {**groups[name], "mean_score": _mean(scores.get(name, []))} for name in sorted(groups)
     }
 
 

@@ -35,6 +35,10 @@ class Settings(BaseSettings):
     heartbeat_ttl: float = 20.0  # a worker silent this long is dead; its items are requeued
     cancel_wait: float = 30.0  # how long a cancel waits for calls already in flight
 
+    # clients: the CLI's client commands and recallq.Client (no API URL: the local database)
+    api_url: str | None = None
+    api_key: str | None = None
+
     # api
     max_items_per_run: int = 200_000
     max_body_bytes: int = 512 * 1024 * 1024

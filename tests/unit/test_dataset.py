@@ -282,7 +282,7 @@ def test_parse_mapping_errors(texts, fragment):
 
 
 def test_csv_column_mapped_away_from_context(tmp_path):
-    path = write(tmp_path, "d.csv", 'context,context_1,reference\nideal,got,g\n')
+    path = write(tmp_path, "d.csv", "context,context_1,reference\nideal,got,g\n")
     assert list(items_from(path, mapping={"context": "metadata.ideal"})) == [
         {"ground_truth": "g", "context": ["got"], "metadata": {"ideal": "ideal"}}
     ]

@@ -209,10 +209,14 @@ class Run:
         `progress`, a line on stderr says how far it is (and when it is paused, why)."""
         out = stream or sys.stderr
         deadline = None if timeout is None else time.monotonic() + timeout
+        shown = 0
         while True:
             view = self.status()
             if progress:
-                print(f"\r{display.progress_line(view)}\033[K", end="", file=out, flush=True)
+                # padded over the previous line: no terminal escapes, which notebooks show raw
+                line = display.progress_line(view)
+                print(f"\r{line:<{shown}}", end="", file=out, flush=True)
+                shown = len(line)
             if view["status"] in ENDED:
                 if progress:
                     print(file=out)

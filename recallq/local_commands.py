@@ -144,16 +144,20 @@ def continue_run(args: argparse.Namespace, settings: Settings, action: str) -> i
     runtime, runner = local.local_runtime(settings, concurrency)
     try:
         local.check_model(runtime, model)
-        try:
-            sent = (
-                runtime.runs.resume(args.run_id, "default")
-                if action == "resume"
-                else runtime.runs.retry_failed(args.run_id, "default")
+        # Either way the run's unended items go back to the queue: no other process scores a
+        # local run, so items left queued or running by an interrupted one would never end.
+        resent = runtime.runs.resume(args.run_id, "default")
+        if action == "retry":
+            try:
+                failed = runtime.runs.retry_failed(args.run_id, "default")
+            except RunCancelledError as exc:
+                raise CommandError(str(exc)) from None
+            what = f"{failed} failed items sent again" + (
+                f", and {resent} unended ones" if resent else ""
             )
-        except RunCancelledError as exc:
-            raise CommandError(str(exc)) from None
-        what = "items sent again" if action == "resume" else "failed items sent again"
-        print(f"recallq: {action} run {args.run_id}: {sent} {what}", file=sys.stderr)
+        else:
+            what = f"{resent} unended items sent again"
+        print(f"recallq: {action} run {args.run_id}: {what}", file=sys.stderr)
         if model != LEXICAL:
             from recallq import patches
 

@@ -240,3 +240,18 @@ def test_python_client(api_url: str) -> None:
         with pytest.raises(recallq.ApiError) as missing:
             client.run("no-such-run")
         assert missing.value.status == 404 and missing.value.code == "not_found"
+
+
+def test_a_bad_item_read_mid_upload_stores_nothing(api_url: str) -> None:
+    """The client reads and streams in one pass: the first bad item stops the upload, and the
+    API, which stores a run in one transaction, keeps nothing of it."""
+    import recallq
+    from recallq.dataset import DatasetError
+
+    items = [{"id": f"i{n}", "ground_truth": "g", "context": ["c"]} for n in range(1500)]
+    items[1200]["context"] = [{"url": "https://example.com"}]
+    with recallq.Client(api_url) as client:
+        with pytest.raises(DatasetError, match=r"item 1200 \(i1200\): context passage 0"):
+            client.submit(items, name="cut-short")
+        assert client.runs(name="cut-short") == []
+        assert client.get("/healthz") == {"status": "ok"}

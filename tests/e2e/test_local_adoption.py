@@ -170,7 +170,7 @@ def test_version(tmp_path: Path) -> None:
 # --- exit codes and gates -------------------------------------------------------------------
 
 
-def test_failed_items_and_gates_set_the_exit_code(tmp_path: Path, stub_env) -> None:  # type: ignore[no-untyped-def]
+def test_failed_items_and_gates_set_the_exit_code(tmp_path: Path, stub_env, clean_stub) -> None:  # type: ignore[no-untyped-def]
     items = [
         {"id": "ok", "ground_truth": "Paris is in France.", "context": ["Paris is in France."]},
         {"id": "bad", "ground_truth": "STUB_HTTP_400 breaks it.", "context": ["anything"]},
@@ -192,6 +192,17 @@ def test_failed_items_and_gates_set_the_exit_code(tmp_path: Path, stub_env) -> N
     assert failing.returncode == 1 and "1 item failed" in failing.stderr  # the mean, 1, passes
     nowhere = recallq("gate", "no-such-run", "--min-score", "0.5", cwd=tmp_path, env=stub_env)
     assert nowhere.returncode == 2 and "run no-such-run not found" in nowhere.stderr
+
+    # a local retry scores the failed item again here (it fails again: its error is permanent)
+    before = len(clean_stub.calls())
+    retried = recallq("retry", run_id, "--quiet", cwd=tmp_path, env=stub_env)
+    assert retried.returncode == 1
+    assert f"retry run {run_id}: 1 failed items sent again" in retried.stderr
+    assert [c["data"]["ground_truth"] for c in clean_stub.calls()[before:]] == [
+        "STUB_HTTP_400 breaks it."
+    ]
+    resumed = recallq("resume", run_id, "--quiet", cwd=tmp_path, env=stub_env)
+    assert resumed.returncode == 1 and "0 unended items sent again" in resumed.stderr
 
 
 def test_min_score_gate_of_run_names_the_threshold(tmp_path: Path) -> None:

@@ -36,6 +36,8 @@ from recallq.status import RUN_ENDED, RunStatus
 
 log = logging.getLogger(__name__)
 
+#: Longest pause between two progress polls of a local run.
+POLL_MAX_SECONDS = 0.5
 #: Idempotency keys of local runs of a file start with this (API keys are the client's own).
 RUN_KEY_PREFIX = "local-run:"
 
@@ -223,11 +225,11 @@ def open_file_run(
 # --- scoring ---------------------------------------------------------------------------------
 
 
-def run_view(runtime: Runtime, run_id: str) -> dict[str, Any]:
+def run_view(runtime: Runtime, run_id: str, details: bool = True) -> dict[str, Any]:
     with runtime.database.session() as session:
         run = session.get(Run, run_id)
         assert run is not None
-        return queries.run_view(session, run)
+        return queries.run_view(session, run, details)
 
 
 def process(
@@ -239,14 +241,16 @@ def process(
     in flight, and the interrupt goes on to the caller: the run stays as it is, resumable."""
     from tqdm import tqdm
 
-    view = run_view(runtime, run_id)
+    view = run_view(runtime, run_id, details=False)
     bar = tqdm(total=view["counts"]["total"], unit="item", disable=not progress, file=sys.stderr)
     runner.send_dispatch(run_id)
+    pause = 0.05  # small runs end fast; a long one is polled less often (each poll is a scan)
     try:
         while True:
-            time.sleep(0.05)
+            time.sleep(pause)
+            pause = min(POLL_MAX_SECONDS, pause * 1.25)
             idle = runner.idle  # before the view: work that ended by now shows in it
-            view = run_view(runtime, run_id)
+            view = run_view(runtime, run_id, details=False)
             counts = view["counts"]
             bar.n = counts["succeeded"] + counts["failed"] + counts["cancelled"]
             bar.set_postfix(failed=counts["failed"], refresh=False)
@@ -263,7 +267,7 @@ def process(
     finally:
         bar.close()
     runner.stop()
-    return view
+    return run_view(runtime, run_id)
 
 
 def write_results(runtime: Runtime, run_id: str, out: Path, format: str | None = None) -> int:

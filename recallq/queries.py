@@ -25,25 +25,18 @@ HISTOGRAM_BUCKETS = 5
 FAILURE_GROUPS = 10
 _STATUSES = list(ItemStatus)
 _ITEM_DATA = ("input", "output", "ground_truth", "contexts", "item_metadata")
-# the aggregate row of a run without items: counts 0, mean None, sums 0, histogram 0s
-_NO_ITEMS: tuple[Any, ...] = (0,) * len(_STATUSES) + (None,) + (0,) * (9 + HISTOGRAM_BUCKETS)
 
 
 def _iso(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def _aggregate_columns() -> list[ColumnElement[Any]]:
-    """Counts, summary, usage and histogram of a run: one scan of its items (a 100k-item run
-    is read by every status poll)."""
+def _aggregate_columns(scale: Any, details: bool) -> list[ColumnElement[Any]]:
+    """Counts, summary, usage and (with `details`) the score histogram of a run: one scan of
+    its items (a 100k-item run is read by every status poll). `scale` is the run's scale, or
+    the runs.scale column when several runs are read at once."""
     ok = Item.status == ItemStatus.SUCCEEDED
-    buckets = []
-    for i in range(HISTOGRAM_BUCKETS):
-        low = Item.score >= Run.scale * (i / HISTOGRAM_BUCKETS)
-        high = Item.score < Run.scale * ((i + 1) / HISTOGRAM_BUCKETS)
-        bucket = and_(ok, low, high) if i < HISTOGRAM_BUCKETS - 1 else and_(ok, low)
-        buckets.append(func.count().filter(bucket))
-    return [
+    columns = [
         *(func.count().filter(Item.status == status) for status in _STATUSES),
         func.avg(Item.score).filter(ok),
         func.count(Item.score).filter(ok),
@@ -55,18 +48,14 @@ def _aggregate_columns() -> list[ColumnElement[Any]]:
         func.coalesce(func.sum(Item.completion_tokens), 0),
         func.coalesce(func.sum(Item.cost_usd), 0.0),
         func.coalesce(func.sum(Item.cache_hits), 0),
-        *buckets,
     ]
-
-
-def _aggregates(session: Session, run_ids: Sequence[str]) -> dict[str, Sequence[Any]]:
-    rows = session.execute(
-        select(Item.run_id, *_aggregate_columns())
-        .join(Run, Run.id == Item.run_id)
-        .where(Item.run_id.in_(run_ids))
-        .group_by(Item.run_id)
-    ).all()
-    return {row[0]: row[1:] for row in rows}
+    if details:
+        for i in range(HISTOGRAM_BUCKETS):
+            low = Item.score >= scale * (i / HISTOGRAM_BUCKETS)
+            high = Item.score < scale * ((i + 1) / HISTOGRAM_BUCKETS)
+            bucket = and_(ok, low, high) if i < HISTOGRAM_BUCKETS - 1 else and_(ok, low)
+            columns.append(func.count().filter(bucket))
+    return columns
 
 
 def _failures(session: Session, run_id: str) -> list[dict[str, Any]]:
@@ -81,16 +70,27 @@ def _failures(session: Session, run_id: str) -> list[dict[str, Any]]:
     return [{"error": error or "", "count": n, "example_id": key} for error, n, key in rows]
 
 
-def _view(session: Session, run: Run, row: Sequence[Any] | None) -> dict[str, Any]:
+def _view(session: Session, run: Run, row: Sequence[Any] | None, details: bool) -> dict[str, Any]:
     if row is None:  # a run without items (none is stored, but a view must not fail)
-        row = _NO_ITEMS
+        empty: tuple[Any, ...] = (0,) * len(_STATUSES) + (None,)
+        row = empty + (0,) * (9 + HISTOGRAM_BUCKETS * details)
     counts = dict(zip(_STATUSES, row[: len(_STATUSES)], strict=True))
     totals = row[len(_STATUSES) :]
     mean, scored, no_truth, claims_total, claims_attributed = totals[:5]
     calls, prompt, completion, cost, hits = totals[5:10]
-    histogram = [int(n) for n in totals[10:]]
     failed = counts[ItemStatus.FAILED]
-    return {
+    summary: dict[str, Any] = {
+        "mean_score": round(float(mean), 4) if mean is not None else None,
+        "scored_items": int(scored),
+        "claims_total": int(claims_total),
+        "claims_attributed": int(claims_attributed),
+        # scored 0 because there was nothing to check, not because retrieval missed
+        "no_ground_truth": int(no_truth),
+    }
+    if details:
+        edges = [round(run.scale * i / HISTOGRAM_BUCKETS, 6) for i in range(HISTOGRAM_BUCKETS + 1)]
+        summary["histogram"] = {"edges": edges, "counts": [int(n) for n in totals[10:]]}
+    view: dict[str, Any] = {
         "id": run.id,
         "name": run.name,
         "status": run.status,
@@ -107,21 +107,7 @@ def _view(session: Session, run: Run, row: Sequence[Any] | None) -> dict[str, An
             "failed": failed,
             "cancelled": counts[ItemStatus.CANCELLED],
         },
-        "summary": {
-            "mean_score": round(float(mean), 4) if mean is not None else None,
-            "scored_items": int(scored),
-            "claims_total": int(claims_total),
-            "claims_attributed": int(claims_attributed),
-            # scored 0 because there was nothing to check, not because retrieval missed
-            "no_ground_truth": int(no_truth),
-            "histogram": {
-                "edges": [
-                    round(run.scale * i / HISTOGRAM_BUCKETS, 6)
-                    for i in range(HISTOGRAM_BUCKETS + 1)
-                ],
-                "counts": histogram,
-            },
-        },
+        "summary": summary,
         "usage": {
             "llm_calls": int(calls),
             "prompt_tokens": int(prompt),
@@ -129,20 +115,34 @@ def _view(session: Session, run: Run, row: Sequence[Any] | None) -> dict[str, An
             "cost_usd": round(float(cost), 6),
             "claim_cache_hits": int(hits),
         },
-        "failures": _failures(session, run.id) if failed else [],
     }
+    if details:
+        view["failures"] = _failures(session, run.id) if failed else []
+    return view
 
 
-def run_view(session: Session, run: Run) -> dict[str, Any]:
-    """The run object of the contract, plus `summary.no_ground_truth`, `summary.histogram`
-    and `failures` (failed items grouped by error)."""
-    return _view(session, run, _aggregates(session, [run.id]).get(run.id))
+def run_view(session: Session, run: Run, details: bool = True) -> dict[str, Any]:
+    """The run object of the contract, plus `summary.no_ground_truth` and, with `details`,
+    `summary.histogram` and `failures` (failed items grouped by error). Progress polls of a
+    process that prints the details at the end pass details=False: a quarter less work."""
+    row = session.execute(
+        select(*_aggregate_columns(run.scale, details)).where(Item.run_id == run.id)
+    ).one()
+    return _view(session, run, row, details)
 
 
 def run_views(session: Session, runs: Sequence[Run]) -> list[dict[str, Any]]:
     """The views of several runs, their items read in one grouped scan."""
-    found = _aggregates(session, [run.id for run in runs]) if runs else {}
-    return [_view(session, run, found.get(run.id)) for run in runs]
+    if not runs:
+        return []
+    rows = session.execute(
+        select(Item.run_id, *_aggregate_columns(Run.scale, details=True))
+        .join(Run, Run.id == Item.run_id)
+        .where(Item.run_id.in_([run.id for run in runs]))
+        .group_by(Item.run_id)
+    ).all()
+    found = {row[0]: row[1:] for row in rows}
+    return [_view(session, run, found.get(run.id), details=True) for run in runs]
 
 
 # --- runs, newest first ----------------------------------------------------------------------

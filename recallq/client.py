@@ -223,7 +223,7 @@ def status(args: argparse.Namespace) -> int:
         _print_json(view)
         return Exit.OK
     lines = display.summary_lines(
-        view, title=f"run {view['id']}", by=args.by, groups=view.get("by_group")
+        view, title="recallq status", by=args.by, groups=view.get("by_group")
     )
     for line in lines:
         print(line)

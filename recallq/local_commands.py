@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     from recallq.model_registry import LEXICAL
 
     mapping = dataset.parse_mapping(args.map or [])
+    if args.format and not args.out:
+        raise CommandError("--format is the format of --out: give --out FILE too")
     if not args.file.exists():
         raise CommandError(f"no such file: {args.file}")
     if args.file.is_dir():

@@ -299,6 +299,7 @@ def explain(exc: BaseException) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # to say how to run it again
     try:
         return int(args.func(args) or 0)
     except KeyboardInterrupt:

@@ -97,7 +97,8 @@ def run(args: argparse.Namespace) -> int:
             from recallq import patches
 
             patches.prepare_litellm()
-        return _score(runtime, runner, opened.run_id, args, resume_argv=sys.argv[1:])
+        argv = getattr(args, "argv", None) or sys.argv[1:]
+        return _score(runtime, runner, opened.run_id, args, resume_argv=argv)
     finally:
         runner.stop(wait=False)
         runtime.close()
@@ -108,7 +109,7 @@ def open_local_database(settings: Settings) -> Database:
     file is an error (reading must not create one); a SQLite file from an older recallq is
     upgraded, as `recallq run` would (a Postgres database is left to `recallq migrate`)."""
     from recallq import migrate
-    from recallq.db import Database, is_sqlite
+    from recallq.db import is_sqlite
 
     url = settings.database_url
     if is_sqlite(url):
@@ -231,7 +232,7 @@ def _interrupted(
             file=sys.stderr,
         )
     try:
-        counts = local.run_view(runtime, run_id)["counts"]
+        counts = local.run_view(runtime, run_id, details=False)["counts"]
         done = counts["succeeded"] + counts["failed"]
         progress = f": {done} of {counts['total']} items done, and not sent again"
     except Exception:  # noqa: BLE001  (the message below matters more than the counts)

@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator, Iterator
 
 import anyio.from_thread
 from fastapi import Request
+from starlette.requests import ClientDisconnect
 
 from recallq.ingest import SubmissionError
 
@@ -37,6 +38,12 @@ def blocking_lines(
             return await stream.__anext__()
         except StopAsyncIteration:
             return None
+        except ClientDisconnect:
+            # a client that stopped mid-upload (recallq.Client stops at the first bad item it
+            # reads): nothing is stored, and nobody is left to answer, so no traceback either
+            raise SubmissionError(
+                "the client disconnected before the body ended", "client_disconnected", 400
+            ) from None
 
     buffer, size = b"", 0
     while (chunk := anyio.from_thread.run(next_chunk)) is not None:

@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from api.auth import current_project
 from api.body import blocking_lines, read_body
 from api.errors import ApiError, not_found
-from recallq import ingest, queries
+from recallq import export, ingest, queries
 from recallq.models import Run
 from recallq.runtime import Runtime
 from recallq.store import RunCancelledError, RunNotFound
@@ -154,10 +154,73 @@ def _within_item_limit(items: list[Any], max_bytes: int) -> Iterator[Any]:
         yield item
 
 
-@router.get("/v1/runs/{run_id}")
-def get_run(run_id: str, runtime: Rt, project: Project) -> dict[str, Any]:
+RunStatusParam = Literal["queued", "running", "completed", "cancelled"]
+ItemData = Annotated[
+    bool,
+    Query(description="with each item's input, output, ground_truth, context and metadata"),
+]
+
+
+@router.get("/v1/runs")
+def list_runs(
+    runtime: Rt,
+    project: Project,
+    status: RunStatusParam | None = None,
+    name: Annotated[str | None, Query(max_length=200, description="exact run name")] = None,
+    limit: Annotated[int, Query(ge=1, le=100)] = 20,
+    cursor: str | None = None,
+) -> dict[str, Any]:
+    """The project's runs, newest first: `{"runs": [run objects], "next_cursor": ...}`."""
+    after = None
+    if cursor:
+        try:
+            after = queries.decode_run_cursor(cursor)
+        except ValueError:
+            raise ApiError(422, "invalid_cursor", "cursor is not one this API returned") from None
     with runtime.database.session() as session:
-        return runtime.run_view(session, _run_or_404(session, run_id, project))
+        views, next_cursor = queries.list_runs(
+            session, project, status=status, name=name, limit=limit, after=after
+        )
+    return {"runs": views, "next_cursor": queries.encode_run_cursor(next_cursor)}
+
+
+@router.get("/v1/runs/{run_id}")
+def get_run(
+    run_id: str,
+    runtime: Rt,
+    project: Project,
+    by: Annotated[
+        str | None, Query(max_length=200, description="add `by_group`: per metadata value")
+    ] = None,
+) -> dict[str, Any]:
+    with runtime.database.session() as session:
+        view = runtime.run_view(session, _run_or_404(session, run_id, project))
+        if by is not None:
+            view["by_group"] = queries.group_summary(session, run_id, by)
+    return view
+
+
+@router.get("/v1/compare")
+def compare_runs(
+    runtime: Rt,
+    project: Project,
+    base: Annotated[str, Query(description="the run compared against")],
+    candidate: Annotated[str, Query(description="the run compared")],
+    by: Annotated[str | None, Query(max_length=200, description="metadata field")] = None,
+    top: Annotated[int, Query(ge=0, le=100)] = 10,
+) -> dict[str, Any]:
+    """`candidate` against `base`, items paired by id: matched and unmatched items, both
+    means, the mean difference with a 95% confidence interval (seeded paired bootstrap),
+    improved / regressed / unchanged counts, the largest changes with the claims whose
+    verdict flipped. 404 when a run is not the caller's; 400 when the runs have different
+    scales."""
+    with runtime.database.session() as session:
+        base_run = _run_or_404(session, base, project)
+        candidate_run = _run_or_404(session, candidate, project)
+        try:
+            return queries.compare_runs(session, base_run, candidate_run, by=by, top=top)
+        except queries.IncomparableRuns as exc:
+            raise ApiError(400, "incomparable_runs", str(exc)) from None
 
 
 def _decode_cursor(cursor: str | None) -> int | None:
@@ -187,19 +250,22 @@ def list_items(
     status: ItemStatusParam | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: str | None = None,
+    item_data: ItemData = True,
 ) -> dict[str, Any]:
     after = _decode_cursor(cursor)
     with runtime.database.session() as session:
         _run_or_404(session, run_id, project)
-        items, next_index = queries.items_page(session, run_id, status, limit, after)
+        items, next_index = queries.items_page(session, run_id, status, limit, after, item_data)
     return {"items": items, "next_cursor": _encode_cursor(next_index)}
 
 
 @router.get("/v1/runs/{run_id}/items/{item_id}")
-def get_item(run_id: str, item_id: str, runtime: Rt, project: Project) -> dict[str, Any]:
+def get_item(
+    run_id: str, item_id: str, runtime: Rt, project: Project, item_data: ItemData = True
+) -> dict[str, Any]:
     with runtime.database.session() as session:
         _run_or_404(session, run_id, project)
-        item = queries.get_item(session, run_id, item_id)
+        item = queries.get_item(session, run_id, item_id, item_data)
     if item is None:
         raise not_found(f"item {item_id}")
     return item
@@ -207,19 +273,25 @@ def get_item(run_id: str, item_id: str, runtime: Rt, project: Project) -> dict[s
 
 @router.get("/v1/runs/{run_id}/results")
 def results(
-    run_id: str, runtime: Rt, project: Project, format: Literal["jsonl", "csv"] = "jsonl"
+    run_id: str,
+    runtime: Rt,
+    project: Project,
+    format: Literal["jsonl", "csv", "claims.csv"] = "jsonl",
+    item_data: ItemData = True,
 ) -> StreamingResponse:
+    """Every item with its claims: JSONL, CSV (a row per item) or claims.csv (a row per
+    claim)."""
     with runtime.database.session() as session:
         _run_or_404(session, run_id, project)
 
     def stream() -> Iterator[str]:
         with runtime.database.session() as session:
-            rows = queries.iter_results(session, run_id)
-            yield from (queries.csv_lines(rows) if format == "csv" else queries.jsonl_lines(rows))
+            rows = queries.iter_results(session, run_id, item_data=item_data)
+            yield from export.lines(rows, format)
 
-    media = "text/csv" if format == "csv" else NDJSON
-    headers = {"Content-Disposition": f'attachment; filename="{run_id}.{format}"'}
-    return StreamingResponse(stream(), media_type=media, headers=headers)
+    filename = f"{run_id}.{format}"
+    headers = {"Content-Disposition": f'attachment; filename="{filename}"'}
+    return StreamingResponse(stream(), media_type=export.MEDIA_TYPES[format], headers=headers)
 
 
 @router.post("/v1/runs/{run_id}/cancel")

@@ -1,4 +1,9 @@
-"""The `recallq` command."""
+"""The `recallq` command.
+
+Exit codes (recallq.gates): 0 ok; 1 items failed, a gate was missed, or the run did not end;
+2 the command could not run (usage, input, unknown run, unreachable API or database); 130
+interrupted. Every error is one line on stderr (`recallq --debug ...` shows the traceback).
+"""
 
 from __future__ import annotations
 
@@ -13,46 +18,9 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from recallq import ingest, local, migrate
-    from recallq.model_registry import LEXICAL, ModelRegistryError
-    from recallq.settings import Settings
+    from recallq import local_commands
 
-    if not args.file.exists():
-        print(f"recallq: no such file: {args.file}", file=sys.stderr)
-        return 2
-    settings = Settings()
-    model = args.model or settings.default_model
-    concurrency = args.concurrency or local.default_concurrency(settings, model)
-    runtime, runner = local.local_runtime(settings, concurrency)
-    try:
-        local.check_model(runtime, model)
-    except (ingest.SubmissionError, ModelRegistryError) as exc:
-        print(f"recallq: {exc}", file=sys.stderr)
-        return 2
-    migrate.upgrade(settings.database_url)
-    try:
-        run_id = local.submit_local(
-            runtime,
-            args.file,
-            model,
-            args.scale,
-            args.name,
-            context=args.context,
-            context_extractor=args.context_extractor,
-        )
-    except ingest.SubmissionError as exc:
-        print(f"recallq: {args.file}: {exc.message}", file=sys.stderr)
-        return 2
-    if model != LEXICAL:
-        from recallq import patches
-
-        patches.prepare_litellm()
-    view = local.process(runtime, runner, run_id, progress=not args.quiet)
-    if args.out:
-        local.write_results(runtime, run_id, args.out)
-    local.print_summary(runtime, view, run_id, args.out, sys.stdout)
-    runtime.close()
-    return 0
+    return local_commands.run(args)
 
 
 def cmd_api(args: argparse.Namespace) -> int:
@@ -96,46 +64,27 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 def cmd_migrate(args: argparse.Namespace) -> int:
     from recallq import migrate
+    from recallq.display import database_label
     from recallq.settings import Settings
 
     url = Settings().database_url
     if args.downgrade:
         migrate.downgrade(url, revision=args.downgrade)
-        print(f"recallq: database downgraded to {args.downgrade}")
+        print(f"recallq: database downgraded to {args.downgrade} ({database_label(url)})")
     else:
-        migrate.upgrade(url)
-        print("recallq: database schema is up to date")
+        print(f"recallq: {migrate.upgrade_and_say(url)} ({database_label(url)})")
     return 0
 
 
-def cmd_submit(args: argparse.Namespace) -> int:
-    from recallq import client
+def _client_command(name: str) -> Any:
+    def command(args: argparse.Namespace) -> int:
+        from recallq import client
 
-    return client.submit(args)
+        result: int = getattr(client, name)(args)
+        return result
 
-
-def cmd_status(args: argparse.Namespace) -> int:
-    from recallq import client
-
-    return client.status(args)
-
-
-def cmd_results(args: argparse.Namespace) -> int:
-    from recallq import client
-
-    return client.results(args)
-
-
-def cmd_cancel(args: argparse.Namespace) -> int:
-    from recallq import client
-
-    return client.post_action(args, "cancel")
-
-
-def cmd_retry(args: argparse.Namespace) -> int:
-    from recallq import client
-
-    return client.post_action(args, "retry")
+    command.__name__ = f"cmd_{name}"
+    return command
 
 
 def _json_argument(text: str) -> Any:
@@ -145,39 +94,85 @@ def _json_argument(text: str) -> Any:
         raise argparse.ArgumentTypeError(f"not JSON: {exc.msg} at column {exc.colno}") from exc
 
 
-def _add_context_options(parser: argparse.ArgumentParser, parse: bool) -> None:
-    """The run's static context and context extractor, as JSON (sent as is by `submit`)."""
-    kind = _json_argument if parse else str
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError("must be 0 or more")
+    return value
+
+
+def _add_run_fields(parser: argparse.ArgumentParser) -> None:
+    """Options of a new run, shared by `run` and `submit`."""
+    parser.add_argument("file", type=Path, help="JSONL, JSON array, CSV or Parquet")
     parser.add_argument(
-        "--context", type=kind, help="static context for every item, a JSON list: '[\"...\"]'"
+        "--model", help="judge model (default: RECALLQ_DEFAULT_MODEL or local/lexical)"
+    )
+    parser.add_argument("--name", help="run name (default: the file's name)")
+    parser.add_argument(
+        "--context", type=_json_argument, help="static context for every item, a JSON list"
     )
     parser.add_argument(
         "--context-extractor",
-        type=kind,
+        type=_json_argument,
         help='for agent-shaped items, JSON: \'{"type": "tool_results", "tools": ["search"]}\'',
+    )
+    parser.add_argument(
+        "--map",
+        action="append",
+        metavar="FIELD=TARGET",
+        help="read FIELD as TARGET (an item field, metadata[.NAME], or - to drop it); "
+        "repeat or separate with commas",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+
+
+def _add_gate(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--min-score", type=float, help="exit 1 when the mean score is below this")
+    parser.add_argument(
+        "--max-failed",
+        type=_non_negative_int,
+        help="exit 1 when more items than this failed (default 0)",
+    )
+
+
+def _add_api(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--api",
+        metavar="URL",
+        help="the API to ask (default RECALLQ_API_URL; without either, the local database)",
     )
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="recallq", description="Context-recall scoring at scale.")
-    sub = parser.add_subparsers(dest="command", required=True)
-    api_url = os.environ.get("RECALLQ_API_URL", "http://127.0.0.1:8000")
+    from recallq import __version__
 
-    run = sub.add_parser("run", help="score a JSONL file locally (SQLite, in-process worker)")
-    run.add_argument("file", type=Path)
-    run.add_argument(
-        "--model", help="judge model (default: RECALLQ_DEFAULT_MODEL or local/lexical)"
-    )
+    parser = argparse.ArgumentParser(prog="recallq", description="Context-recall scoring at scale.")
+    parser.add_argument("--version", action="version", version=f"recallq {__version__}")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    run = sub.add_parser("run", help="score a file locally (SQLite, in-process worker)")
+    _add_run_fields(run)
     run.add_argument(
         "--scale", type=float, default=1.0, help="scores run from 0 to this (default 1)"
     )
     run.add_argument(
         "--out", type=Path, help="write per-item results with claims (CSV if *.csv, else JSONL)"
     )
-    run.add_argument("--name", help="run name (default: the file's name)")
+    run.add_argument(
+        "--format",
+        choices=["jsonl", "csv", "claims.csv"],
+        help="format of --out (default: from its name; *.claims.csv is one row per claim)",
+    )
     run.add_argument("--concurrency", type=int, help="judge calls in flight (threads)")
-    run.add_argument("--quiet", action="store_true", help="no progress bar")
-    _add_context_options(run, parse=True)
+    run.add_argument(
+        "--fresh", action="store_true", help="start over instead of resuming this file's run"
+    )
+    run.add_argument("--by", metavar="FIELD", help="summary per value of this metadata field")
+    _add_gate(run)
     run.set_defaults(func=cmd_run)
 
     api = sub.add_parser("api", help="serve the HTTP API")
@@ -191,38 +186,139 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--loglevel", default="INFO")
     worker.set_defaults(func=cmd_worker)
 
-    migrate = sub.add_parser("migrate", help="upgrade the database schema to head")
+    migrate = sub.add_parser("migrate", help="create or upgrade the database schema")
     migrate.add_argument("--downgrade", metavar="REVISION", help="downgrade instead")
     migrate.set_defaults(func=cmd_migrate)
 
-    for name, func, helptext in (
-        ("submit", cmd_submit, "stream a JSONL file to the API as a new run"),
-        ("status", cmd_status, "show a run's status"),
-        ("results", cmd_results, "download a run's results"),
-        ("cancel", cmd_cancel, "cancel a run"),
-        ("retry", cmd_retry, "re-queue a run's failed items"),
+    submit = sub.add_parser("submit", help="send a file to the API as a new run")
+    _add_run_fields(submit)
+    submit.add_argument("--scale", type=float, help="scores run from 0 to this (default 1)")
+    submit.add_argument(
+        "--wait", action="store_true", help="wait for the run to end; exit as `recallq run`"
+    )
+    _add_gate(submit)
+    _add_api(submit)
+    submit.set_defaults(func=_client_command("submit"))
+
+    runs = sub.add_parser("runs", help="list runs, newest first")
+    _add_api(runs)
+    runs.add_argument(
+        "--status", choices=["queued", "running", "completed", "cancelled"], help="only these"
+    )
+    runs.add_argument("--name", help="only runs of this name")
+    runs.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
+    runs.add_argument("--json", action="store_true", help="the run objects as JSON")
+    runs.set_defaults(func=_client_command("runs"))
+
+    status = sub.add_parser("status", help="a run's summary")
+    status.add_argument("run_id")
+    _add_api(status)
+    status.add_argument("--json", action="store_true", help="the run object as JSON")
+    status.add_argument("--by", metavar="FIELD", help="summary per value of this metadata field")
+    status.set_defaults(func=_client_command("status"))
+
+    results = sub.add_parser("results", help="a run's per-item results with claims")
+    results.add_argument("run_id")
+    _add_api(results)
+    results.add_argument("--format", choices=["jsonl", "csv", "claims.csv"], default="jsonl")
+    results.add_argument("--out", type=Path, help="file to write (default: stdout)")
+    results.add_argument(
+        "--no-item-data",
+        action="store_true",
+        help="leave out input, output, ground_truth, context and metadata",
+    )
+    results.set_defaults(func=_client_command("results"))
+
+    compare = sub.add_parser("compare", help="compare two runs of the same items")
+    compare.add_argument("base", metavar="BASE_RUN")
+    compare.add_argument("candidate", metavar="CANDIDATE_RUN")
+    _add_api(compare)
+    compare.add_argument("--by", metavar="FIELD", help="also per value of this metadata field")
+    compare.add_argument("--json", action="store_true", help="the comparison as JSON")
+    compare.set_defaults(func=_client_command("compare"))
+
+    gate = sub.add_parser("gate", help="exit 1 when a run misses a threshold (for CI)")
+    gate.add_argument("run_id")
+    _add_api(gate)
+    _add_gate(gate)
+    gate.set_defaults(func=_client_command("gate"))
+
+    for name, helptext in (
+        ("cancel", "cancel a run"),
+        ("retry", "re-queue a run's failed items (a local run is scored here)"),
+        ("resume", "continue an interrupted local run"),
     ):
         p = sub.add_parser(name, help=helptext)
-        p.add_argument("--api", default=api_url, help="API base URL (env RECALLQ_API_URL)")
-        if name == "submit":
-            p.add_argument("file", type=Path)
-            p.add_argument("--model")
-            p.add_argument("--scale", type=float)
-            p.add_argument("--name")
-            p.add_argument("--wait", action="store_true", help="poll until the run ends")
-            _add_context_options(p, parse=False)
-        else:
-            p.add_argument("run_id")
-        if name == "results":
-            p.add_argument("--format", choices=["jsonl", "csv"], default="jsonl")
-            p.add_argument("--out", type=Path, help="file to write (default: stdout)")
-        p.set_defaults(func=func)
+        p.add_argument("run_id")
+        _add_api(p)
+        if name != "cancel":
+            p.add_argument("--concurrency", type=int, help="judge calls in flight (local)")
+            p.add_argument("--quiet", action="store_true", help="no progress bar")
+        p.set_defaults(func=_client_command(name))
     return parser
+
+
+def explain(exc: BaseException) -> str | None:
+    """The one line an expected error is reported as; None for an unexpected one."""
+    from recallq.gates import CommandError
+
+    if isinstance(exc, CommandError):
+        return exc.message
+    import httpx
+    from sqlalchemy.exc import DBAPIError
+
+    from recallq.api_client import ApiError
+    from recallq.dataset import DatasetError
+    from recallq.ingest import SubmissionError
+    from recallq.model_registry import ModelRegistryError
+    from recallq.redact import redact_url
+
+    if isinstance(exc, SubmissionError):
+        return exc.message
+    if isinstance(exc, DatasetError | ModelRegistryError):
+        return str(exc)
+    if isinstance(exc, ApiError):
+        return f"{exc.status} {exc.code}: {exc.message}"
+    if isinstance(exc, httpx.TransportError):
+        try:
+            where = str(exc.request.url.copy_with(path="/", query=None)).rstrip("/")
+        except RuntimeError:
+            where = "the API"
+        return (
+            f"cannot reach the API at {where} ({type(exc).__name__}: {exc}); "
+            "pass --api or set RECALLQ_API_URL"
+        )
+    if isinstance(exc, DBAPIError):
+        from recallq.settings import Settings
+
+        reason = " ".join(str(exc.orig).split()) if exc.orig is not None else str(exc)
+        hint = "; create it first" if "does not exist" in reason else ""
+        return f"cannot use the database {redact_url(Settings().database_url)}: {reason}{hint}"
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    return int(args.func(args) or 0)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # to say how to run it again
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("\nrecallq: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # stdout closed early (`| head`): end quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except Exception as exc:
+        if args.debug:
+            raise
+        line = explain(exc)
+        if line is None:
+            line = f"unexpected error: {type(exc).__name__}: {exc} (--debug shows where)"
+        from recallq.gates import CommandError
+
+        code = exc.code if isinstance(exc, CommandError) else 2
+        print(f"recallq: {' '.join(line.split())}", file=sys.stderr)
+        return int(code)
 
 
 if __name__ == "__main__":

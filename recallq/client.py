@@ -1,134 +1,313 @@
-"""HTTP client side of the CLI: submit, status, results, cancel, retry."""
+"""The CLI's client commands: submit, runs, status, results, compare, gate, cancel, retry and
+resume.
+
+They talk to the API when one is configured (`--api URL` or RECALLQ_API_URL, with
+RECALLQ_API_KEY as its bearer key) and otherwise to the local database (RECALLQ_DATABASE_URL,
+by default the SQLite file `recallq run` writes), so runs scored locally can be listed,
+compared and gated the same way. `submit` always needs an API (by default on 127.0.0.1:8000).
+"""
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import os
 import sys
-import time
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Iterator
+from typing import Any, Protocol
 
-import httpx
-from tqdm import tqdm
+from recallq import display, gates
+from recallq.api_client import Client
+from recallq.display import database_label
+from recallq.gates import CommandError, Exit
+from recallq.settings import Settings
 
-TERMINAL = ("completed", "cancelled", "failed")
+DEFAULT_API_URL = "http://127.0.0.1:8000"
+PROJECT = "default"  # the local database's one project
 
 
-def _fail(response: httpx.Response) -> int:
-    try:
-        error = response.json()["error"]
-        print(
-            f"recallq: {response.status_code} {error['code']}: {error['message']}", file=sys.stderr
+class Backend(Protocol):
+    """Where the client commands find runs: the API, or the local database."""
+
+    def runs(self, status: str | None, name: str | None, limit: int) -> list[dict[str, Any]]: ...
+
+    def view(self, run_id: str, by: str | None = None) -> dict[str, Any]: ...
+
+    def results(self, run_id: str, format: str, item_data: bool) -> Iterator[bytes]: ...
+
+    def compare(self, base: str, candidate: str, by: str | None) -> dict[str, Any]: ...
+
+    def cancel(self, run_id: str) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+class ApiBackend:
+    def __init__(self, client: Client) -> None:
+        self.client = client
+
+    def runs(self, status: str | None, name: str | None, limit: int) -> list[dict[str, Any]]:
+        return [run.view for run in self.client.runs(status=status, name=name, limit=limit)]
+
+    def view(self, run_id: str, by: str | None = None) -> dict[str, Any]:
+        return self.client.get(f"/v1/runs/{run_id}", {"by": by})
+
+    def results(self, run_id: str, format: str, item_data: bool) -> Iterator[bytes]:
+        params = {"format": format, "item_data": "true" if item_data else "false"}
+        return self.client.stream(f"/v1/runs/{run_id}/results", params)
+
+    def compare(self, base: str, candidate: str, by: str | None) -> dict[str, Any]:
+        return self.client.compare(base, candidate, by=by)
+
+    def cancel(self, run_id: str) -> dict[str, Any]:
+        return self.client.post(f"/v1/runs/{run_id}/cancel")
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class LocalBackend:
+    def __init__(self, settings: Settings) -> None:
+        from recallq.local_commands import open_local_database
+
+        self.settings = settings
+        self.database = open_local_database(settings)
+
+    def _run(self, session: Any, run_id: str) -> Any:
+        from recallq.models import Run
+
+        run = session.get(Run, run_id)
+        if run is None or run.project != PROJECT:
+            raise CommandError(
+                f"run {run_id} not found in the local database "
+                f"{database_label(self.settings.database_url)} (a run of a service: pass "
+                "--api URL or set RECALLQ_API_URL)"
+            )
+        return run
+
+    def runs(self, status: str | None, name: str | None, limit: int) -> list[dict[str, Any]]:
+        from recallq import queries
+
+        with self.database.session() as session:
+            views, _ = queries.list_runs(session, PROJECT, status=status, name=name, limit=limit)
+        return views
+
+    def view(self, run_id: str, by: str | None = None) -> dict[str, Any]:
+        from recallq import queries
+
+        with self.database.session() as session:
+            view = queries.run_view(session, self._run(session, run_id))
+            if by is not None:
+                view["by_group"] = queries.group_summary(session, run_id, by)
+        return view
+
+    def results(self, run_id: str, format: str, item_data: bool) -> Iterator[bytes]:
+        from recallq import export, queries
+
+        with self.database.session() as session:
+            self._run(session, run_id)
+        with self.database.session() as session:
+            results = queries.iter_results(session, run_id, item_data=item_data)
+            for line in export.lines(results, format):
+                yield line.encode()
+
+    def compare(self, base: str, candidate: str, by: str | None) -> dict[str, Any]:
+        from recallq import queries
+
+        with self.database.session() as session:
+            base_run, candidate_run = self._run(session, base), self._run(session, candidate)
+            try:
+                return queries.compare_runs(session, base_run, candidate_run, by)
+            except queries.IncomparableRuns as exc:
+                raise CommandError(str(exc)) from None
+
+    def cancel(self, run_id: str) -> dict[str, Any]:
+        from recallq.store import stores_for
+
+        _, runs = stores_for(self.database, self.settings)
+        runs.cancel(run_id, PROJECT)
+        return self.view(run_id)
+
+    def close(self) -> None:
+        self.database.dispose()
+
+
+def api_url(args: argparse.Namespace, settings: Settings) -> str | None:
+    """The API these commands talk to: --api, else RECALLQ_API_URL, else none (local)."""
+    url: str | None = getattr(args, "api", None) or settings.api_url
+    return url
+
+
+def open_backend(args: argparse.Namespace) -> Backend:
+    settings = Settings()
+    url = api_url(args, settings)
+    if url:
+        return ApiBackend(Client(url, settings.api_key))
+    return LocalBackend(settings)
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+# --- commands --------------------------------------------------------------------------------
+
+
+def submit(args: argparse.Namespace) -> int:
+    """Send a file to the API as a new run; with --wait, poll until it ends and exit as
+    `recallq run` does (run id on stderr, the final run object on stdout)."""
+    from recallq import dataset
+
+    if not args.file.exists():
+        raise CommandError(f"no such file: {args.file}")
+    if args.file.is_dir():
+        raise CommandError(f"{args.file} is a directory, not a dataset file")
+    mapping = dataset.parse_mapping(args.map or [])
+    settings = Settings()
+    with Client(api_url(args, settings) or DEFAULT_API_URL, settings.api_key) as client:
+        run = client.submit(
+            args.file,
+            model=args.model,
+            name=args.name,
+            scale=args.scale,
+            context=args.context,
+            context_extractor=args.context_extractor,
+            mapping=mapping,
+            progress=not args.quiet,
         )
-    except (ValueError, KeyError, TypeError):
-        print(f"recallq: HTTP {response.status_code}: {response.text[:300]}", file=sys.stderr)
-    return 1
-
-
-def _cli_errors(command: Callable[..., int]) -> Callable[..., int]:
-    """An unreachable API is one line, not a traceback; a closed pipe (`| head`) ends quietly."""
-
-    @functools.wraps(command)
-    def run(args: argparse.Namespace, *rest: str) -> int:
+        if not args.wait:
+            print(run.id)
+            return Exit.OK
+        print(f"recallq: run {run.id}", file=sys.stderr)
         try:
-            return command(args, *rest)
-        except httpx.TransportError as exc:
+            view = run.wait(progress=not args.quiet)
+        except KeyboardInterrupt:
             print(
-                f"recallq: cannot reach the API at {args.api} ({type(exc).__name__}: {exc}); "
-                "pass --api or set RECALLQ_API_URL",
+                f"\nrecallq: stopped waiting; run {run.id} goes on on the service "
+                f"(recallq status {run.id})",
                 file=sys.stderr,
             )
-            return 2
-        except BrokenPipeError:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            return 0
-
-    return run
-
-
-def _stream_file(path: Path, bar: tqdm) -> Iterator[bytes]:
-    with path.open("rb") as handle:
-        while chunk := handle.read(256 * 1024):
-            bar.update(len(chunk))
-            yield chunk
+            return Exit.INTERRUPTED
+    _print_json(view)
+    thresholds = gates.Gate.of(args)
+    code, reasons = gates.exit_code(view, thresholds)
+    for reason in reasons:
+        print(f"recallq: {reason}", file=sys.stderr)
+    if code == Exit.OK and (thresholds.min_score is not None or thresholds.max_failed is not None):
+        print(gates.passed_line(view, thresholds), file=sys.stderr)
+    return code
 
 
-@_cli_errors
-def submit(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
-
-    fields = ("model", "scale", "name", "context", "context_extractor")
-    params = {k: v for k in fields if (v := getattr(args, k)) is not None}
-    params.setdefault("name", args.file.name)
-    size = args.file.stat().st_size
-    with tqdm(total=size, unit="B", unit_scale=True, desc="upload", file=sys.stderr) as bar:
-        response = httpx.post(
-            f"{args.api}/v1/runs",
-            params=params,
-            content=_stream_file(args.file, bar),
-            headers={"Content-Type": "application/x-ndjson"},
-            timeout=httpx.Timeout(30, read=600),
-        )
-    if response.status_code != 202:
-        return _fail(response)
-    run = response.json()
-    print(run["id"])
-    if args.wait:
-        return _wait(args.api, run["id"])
-    return 0
+def runs(args: argparse.Namespace) -> int:
+    backend = open_backend(args)
+    try:
+        views = backend.runs(args.status, args.name, args.limit)
+    finally:
+        backend.close()
+    if args.json:
+        _print_json(views)
+    else:
+        for line in display.runs_table(views):
+            print(line)
+    return Exit.OK
 
 
-def _wait(api: str, run_id: str) -> int:
-    while True:
-        run = httpx.get(f"{api}/v1/runs/{run_id}", timeout=30).json()
-        counts = run["counts"]
-        print(
-            f"\r{run['status']}: {counts['succeeded']} scored, {counts['failed']} failed, "
-            f"{counts['pending'] + counts['running']} to go",
-            end="",
-            file=sys.stderr,
-        )
-        if run["status"] in TERMINAL:
-            print(file=sys.stderr)
-            print(json.dumps(run, indent=2))
-            return 0
-        time.sleep(1)
-
-
-@_cli_errors
 def status(args: argparse.Namespace) -> int:
-    response = httpx.get(f"{args.api}/v1/runs/{args.run_id}", timeout=30)
-    if response.status_code != 200:
-        return _fail(response)
-    print(json.dumps(response.json(), indent=2))
-    return 0
+    backend = open_backend(args)
+    try:
+        view = backend.view(args.run_id, args.by)
+    finally:
+        backend.close()
+    if args.json:
+        _print_json(view)
+        return Exit.OK
+    lines = display.summary_lines(
+        view, title="recallq status", by=args.by, groups=view.get("by_group")
+    )
+    for line in lines:
+        print(line)
+    return Exit.OK
 
 
-@_cli_errors
 def results(args: argparse.Namespace) -> int:
-    url = f"{args.api}/v1/runs/{args.run_id}/results"
-    with httpx.stream("GET", url, params={"format": args.format}, timeout=None) as response:
-        if response.status_code != 200:
-            response.read()
-            return _fail(response)
-        out = args.out.open("wb") if args.out else sys.stdout.buffer
-        try:
-            for chunk in response.iter_bytes():
-                out.write(chunk)
-            out.flush()  # here, where a closed pipe is caught, not at interpreter exit
-        finally:
-            if args.out:
-                out.close()
-    return 0
+    backend = open_backend(args)
+    out = args.out.open("wb") if args.out else sys.stdout.buffer
+    try:
+        for chunk in backend.results(args.run_id, args.format, not args.no_item_data):
+            out.write(chunk)
+        out.flush()  # here, where a closed pipe is caught, not at interpreter exit
+    finally:
+        backend.close()
+        if args.out:
+            out.close()
+    return Exit.OK
 
 
-@_cli_errors
-def post_action(args: argparse.Namespace, action: str) -> int:
-    response = httpx.post(f"{args.api}/v1/runs/{args.run_id}/{action}", timeout=60)
-    if response.status_code not in (200, 202):
-        return _fail(response)
-    print(json.dumps(response.json(), indent=2))
-    return 0
+def compare(args: argparse.Namespace) -> int:
+    backend = open_backend(args)
+    try:
+        result = backend.compare(args.base, args.candidate, args.by)
+    finally:
+        backend.close()
+    if args.json:
+        _print_json(result)
+    else:
+        for line in display.compare_lines(result):
+            print(line)
+    return Exit.OK
+
+
+def gate(args: argparse.Namespace) -> int:
+    """Exit 0 when the run passes, 1 (saying which threshold it missed) when it does not."""
+    backend = open_backend(args)
+    try:
+        view = backend.view(args.run_id)
+    finally:
+        backend.close()
+    thresholds = gates.Gate.of(args)
+    code, reasons = gates.exit_code(view, thresholds)
+    for reason in reasons:
+        print(f"recallq: gate failed: {reason}", file=sys.stderr)
+    if code == Exit.OK:
+        print(gates.passed_line(view, thresholds))
+    return code
+
+
+def cancel(args: argparse.Namespace) -> int:
+    backend = open_backend(args)
+    try:
+        _print_json(backend.cancel(args.run_id))
+    finally:
+        backend.close()
+    return Exit.OK
+
+
+def retry(args: argparse.Namespace) -> int:
+    """Re-queue failed items: on the service, or scored here for a local run."""
+    settings = Settings()
+    url = api_url(args, settings)
+    if url is None:
+        from recallq.local_commands import continue_run
+
+        return continue_run(args, settings, "retry")
+    with Client(url, settings.api_key) as client:
+        _print_json(client.post(f"/v1/runs/{args.run_id}/retry"))
+    return Exit.OK
+
+
+def resume(args: argparse.Namespace) -> int:
+    """Continue a local run that was interrupted (the same as running its command again)."""
+    settings = Settings()
+    if api_url(args, settings) is not None:
+        raise CommandError(
+            "resume continues an interrupted local run; a service run goes on by itself "
+            "(its workers pick up lost work), and `recallq retry RUN` re-queues failed items"
+        )
+    from recallq.local_commands import continue_run
+
+    return continue_run(args, settings, "resume")
+
+
+def quiet_broken_pipe() -> None:
+    """stdout went away (`| head`): end quietly."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -47,6 +47,13 @@ FIELD_ALIASES: dict[str, tuple[str, ...]] = {
 #: ``text``/``content``, LangChain's Document ``page_content``).
 PASSAGE_TEXT_KEYS = ("text", "page_content", "content")
 
+#: Mapping targets besides the canonical fields: ``-`` drops the field, ``metadata`` keeps it in
+#: the item's metadata under its own name, ``metadata.NAME`` under NAME. DeepEval's ``context``
+#: (the ideal context, beside the retrieved ``retrieval_context``) is the usual case:
+#: ``context=metadata.ideal_context``.
+DROP = "-"
+METADATA = "metadata"
+
 #: Compact-JSON size limit of one item's metadata: it is stored on every item row and sent back
 #: with every result, so a stray HTML page or embedding vector must not ride along unnoticed.
 MAX_METADATA_BYTES = 16 * 1024
@@ -132,24 +139,31 @@ def normalise(
 ) -> dict[str, Any]:
     """The canonical item for one raw record (see the module docstring).
 
-    ``mapping`` (``{"source_field": "canonical_field"}``) is applied before the aliases of
-    :data:`FIELD_ALIASES`. A field with value ``None`` counts as absent. Fields that are neither
-    canonical nor aliases become ``metadata``; an explicit ``metadata`` object is merged in and
-    its keys win over same-named top-level fields, since it is what the writer deliberately
-    marked as metadata while top-level extras are whatever else the file happened to carry.
-    Only ``context`` is reshaped (to a list of passage strings); ``input`` and ``output`` pass
-    through untouched, so agent-shaped items keep their message lists.
+    ``mapping`` (``{"source_field": "target"}``) is applied before the aliases of
+    :data:`FIELD_ALIASES`; a target is a canonical field, ``metadata`` or ``metadata.NAME``
+    (kept as metadata, under NAME), or ``-`` (dropped). A field with value ``None`` counts as
+    absent. Fields that are neither canonical nor aliases become ``metadata``; an explicit
+    ``metadata`` object is merged in and its keys win over same-named top-level fields, since it
+    is what the writer deliberately marked as metadata while top-level extras are whatever else
+    the file happened to carry. Only ``context`` is reshaped (to a list of passage strings);
+    ``input`` and ``output`` pass through untouched, so agent-shaped items keep their message
+    lists.
     """
     targets = _checked_mapping(mapping or {})
     sources: dict[str, list[str]] = {}
     extras: dict[str, Any] = {}
+    mapped_metadata: dict[str, Any] = {}
     explicit_metadata: dict[str, Any] = {}
     for name, value in record.items():
         if not isinstance(name, str):
             raise DatasetError(f"item {index}: field names must be strings, got {name!r}")
-        canonical = targets.get(name) or (
-            name if name in CANONICAL_FIELDS else _ALIAS_TO_FIELD.get(name)
-        )
+        target = targets.get(name)
+        if target == DROP:
+            continue
+        if target is not None and _metadata_target(target):
+            mapped_metadata[target.partition(".")[2] or name] = value
+            continue
+        canonical = target or (name if name in CANONICAL_FIELDS else _ALIAS_TO_FIELD.get(name))
         if canonical is not None:
             if value is not None:
                 sources.setdefault(canonical, []).append(name)
@@ -163,7 +177,9 @@ def normalise(
         if len(names) > 1:
             both = "both" if len(names) == 2 else "all"
             raise DatasetError(
-                f"{label}: fields {_quoted_list(names)} {both} give {canonical!r}; keep one of them"
+                f"{label}: fields {_quoted_list(names)} {both} give {canonical!r}; keep one of "
+                f"them, or map the others away ({names[0]}=metadata keeps one as metadata, "
+                f"{names[0]}=- drops it)"
             )
     missing = set(CANONICAL_FIELDS) - set(sources)
     for name in extras:
@@ -182,7 +198,7 @@ def normalise(
         elif source in _LIST_JOINED_ALIASES and canonical == "ground_truth":
             value = _joined_ground_truths(value, source, label)
         item[canonical] = value
-    metadata = {**extras, **explicit_metadata}
+    metadata = {**extras, **mapped_metadata, **explicit_metadata}
     if metadata:
         _check_metadata(metadata, label)
         item["metadata"] = metadata
@@ -192,12 +208,38 @@ def normalise(
 # --- normalising one record ------------------------------------------------------------------
 
 
+def parse_mapping(pairs: Iterable[str]) -> dict[str, str]:
+    """A mapping from ``SOURCE=TARGET`` texts (the CLI's ``--map``; a text may hold several,
+    separated by commas), checked as :func:`normalise` checks it."""
+    mapping: dict[str, str] = {}
+    for text in pairs:
+        for pair in filter(None, (part.strip() for part in text.split(","))):
+            source, equals, target = (side.strip() for side in pair.partition("="))
+            if not equals or not source or not target:
+                raise DatasetError(
+                    f"mapping {pair!r}: write SOURCE=TARGET, e.g. reference=ground_truth"
+                )
+            if source in mapping and mapping[source] != target:
+                raise DatasetError(
+                    f"mapping: {source!r} is mapped twice ({mapping[source]} and {target})"
+                )
+            mapping[source] = target
+    return dict(_checked_mapping(mapping))
+
+
+def _metadata_target(target: str) -> bool:
+    """``metadata`` or ``metadata.NAME`` (with a NAME)."""
+    prefix, dot, name = target.partition(".")
+    return prefix == METADATA and bool(name) == bool(dot)
+
+
 def _checked_mapping(mapping: Mapping[str, str]) -> Mapping[str, str]:
     for source, target in mapping.items():
-        if target not in CANONICAL_FIELDS:
+        if target not in CANONICAL_FIELDS and target != DROP and not _metadata_target(target):
             raise DatasetError(
                 f"mapping {source}={target}: {target!r} is not an item field; "
-                f"map to one of {', '.join(CANONICAL_FIELDS)}"
+                f"map to one of {', '.join(CANONICAL_FIELDS)}, to metadata or metadata.NAME "
+                f"(kept as metadata), or to {DROP} (dropped)"
             )
     return mapping
 
@@ -206,9 +248,14 @@ def _item_label(index: int, key: Any) -> str:
     return f"item {index}" if key is None else f"item {index} ({key})"
 
 
-def _quoted_list(names: list[str]) -> str:
+def _quoted_list(names: list[str], conjunction: str = "and") -> str:
     quoted = [repr(name) for name in names]
-    return quoted[0] if len(quoted) == 1 else f"{', '.join(quoted[:-1])} and {quoted[-1]}"
+    if len(quoted) == 1:
+        return quoted[0]
+    return f"{', '.join(quoted[:-1])} {conjunction} {quoted[-1]}"
+
+
+_TEXT_KEYS_OR = _quoted_list(list(PASSAGE_TEXT_KEYS), "or")
 
 
 def _typo_target(name: str, missing: set[str]) -> str | None:
@@ -249,7 +296,7 @@ def _passages(value: Any, label: str) -> list[str]:
         return [_passage_text(value, 0, label)]
     raise DatasetError(
         f"{label}: context must be a list of passages (strings or objects with "
-        f"{_quoted_list(list(PASSAGE_TEXT_KEYS))}), got {_kind(value)}"
+        f"{_TEXT_KEYS_OR}), got {_kind(value)}"
     )
 
 
@@ -279,15 +326,15 @@ def _passage_text(passage: Any, position: int, label: str) -> str:
         found = sorted(map(str, passage))
         shown = ", ".join(map(repr, found[:10])) + (", ..." if len(found) > 10 else "")
         raise DatasetError(
-            f"{label}: context passage {position} has no {_quoted_list(list(PASSAGE_TEXT_KEYS))}"
-            f" text (its keys: {shown or 'none'})"
+            f"{label}: context passage {position} has no {_TEXT_KEYS_OR} text "
+            f"(its keys: {shown or 'none'})"
         )
     text = _text_attribute(passage)
     if text is not None:
         return text
     raise DatasetError(
         f"{label}: context passage {position} is {_kind(passage)}; passages are strings or "
-        f"objects with {_quoted_list(list(PASSAGE_TEXT_KEYS))}"
+        f"objects with {_TEXT_KEYS_OR}"
     )
 
 
@@ -597,7 +644,8 @@ def _json_array_records(path: Path, name: str) -> Iterator[tuple[str, dict[str, 
 def _context_columns(mapping: Mapping[str, str]) -> set[str]:
     """Columns that give an item's context whole (as opposed to context_1..context_n)."""
     mapped = {source for source, target in mapping.items() if target == "context"}
-    return {"context", *FIELD_ALIASES["context"], *mapped}
+    mapped_away = {source for source, target in mapping.items() if target != "context"}
+    return {"context", *FIELD_ALIASES["context"], *mapped} - mapped_away
 
 
 def _csv_header_is_known(path: Path, name: str, mapping: Mapping[str, str]) -> bool:
@@ -658,10 +706,15 @@ def _csv_records(
             if header is None:
                 return
             columns = _csv_columns(header, name, context_columns)
+            # context_1..n become one list under a context name no column of the file uses (a
+            # `context` column may be there, mapped away: DeepEval's ideal context)
+            free = [c for c in ("context", *FIELD_ALIASES["context"]) if c not in columns]
+            numbered_name = free[0] if free else "context"
             last_line = reader.line_num
             for row in reader:
                 start_line, last_line = last_line + 1, reader.line_num
-                record = _csv_record(row, columns, f"{name} line {start_line}", list_columns)
+                where = f"{name} line {start_line}"
+                record = _csv_record(row, columns, where, list_columns, numbered_name)
                 if record is not None:
                     yield f"{name} line {start_line}", record
         except csv.Error as exc:
@@ -687,7 +740,11 @@ def _csv_columns(header: list[str], name: str, context_columns: set[str]) -> lis
 
 
 def _csv_record(
-    row: list[str], columns: list[str], where: str, list_columns: set[str]
+    row: list[str],
+    columns: list[str],
+    where: str,
+    list_columns: set[str],
+    numbered_name: str = "context",
 ) -> dict[str, Any] | None:
     """One row as a record; None for a blank row (spreadsheets leave them)."""
     if len(row) > len(columns) and any(cell.strip() for cell in row[len(columns) :]):
@@ -706,7 +763,7 @@ def _csv_record(
         else:
             record[column] = cell
     if numbered:
-        record["context"] = [cell for _, cell in sorted(numbered)]
+        record[numbered_name] = [cell for _, cell in sorted(numbered)]
     return record or None
 
 

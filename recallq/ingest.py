@@ -20,13 +20,12 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from recallq import context as ctx
-from recallq import scoring
+from recallq import dataset, scoring
 from recallq.model_registry import LEXICAL
 from recallq.models import Run
 from recallq.settings import DEFAULT_RETRY_DEADLINE, Settings
 from recallq.store import RunStore
 
-ITEM_FIELDS = {"id", "input", "output", "ground_truth", "context"}
 MAX_RETRY_DEADLINE = 30 * 86400
 
 
@@ -110,18 +109,23 @@ def _retry_deadline(value: Any, default: float) -> float:
 
 
 def item_row(raw: Any, index: int, spec: RunSpec) -> tuple[dict[str, Any], bool]:
-    """The row for one submitted item, and whether any context source applies to it."""
+    """The row for one submitted item, and whether any context source applies to it.
+
+    The item goes through recallq.dataset.normalise, the one place field aliases apply
+    (`reference`, `retrieved_contexts`, ...): files, frames and API bodies are read alike, and
+    fields that are not item fields become its metadata."""
     if not isinstance(raw, dict):
         raise SubmissionError(f"item {index}: must be a JSON object")
-    unknown = set(raw) - ITEM_FIELDS
-    if unknown:
-        raise SubmissionError(f"item {index}: unknown field(s) {', '.join(sorted(unknown))}")
-    key = raw.get("id", str(index))
+    try:
+        item = dataset.normalise(raw, index)
+    except dataset.DatasetError as exc:
+        raise SubmissionError(str(exc)) from exc
+    key = item.get("id", str(index))
     if isinstance(key, int) and not isinstance(key, bool):
         key = str(key)
     if not isinstance(key, str) or not key or len(key) > 200:
         raise SubmissionError(f"item {index}: id must be a non-empty string of at most 200 chars")
-    item_context, input_, output = raw.get("context"), raw.get("input"), raw.get("output")
+    item_context, input_, output = item.get("context"), item.get("input"), item.get("output")
     try:
         contexts = ctx.resolve_context(
             item_context, input_, output, spec.context, spec.context_extractor
@@ -136,8 +140,9 @@ def item_row(raw: Any, index: int, spec: RunSpec) -> tuple[dict[str, Any], bool]
         "key": key,
         "input": input_,
         "output": output,
-        "ground_truth": scoring.ground_truth_text(raw.get("ground_truth")),
+        "ground_truth": scoring.ground_truth_text(item.get("ground_truth")),
         "contexts": contexts,
+        "item_metadata": item.get("metadata"),
     }
     return row, resolvable
 

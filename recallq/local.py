@@ -1,44 +1,61 @@
-"""Local mode: `recallq run FILE` on SQLite, the engine driven by a thread pool in this process.
+"""Local mode: `recallq run FILE` (and `recallq.evaluate`) on SQLite, the engine driven by a
+thread pool in this process.
 
 The runner is the engine's work queue and does what a worker's tasks do: items sent to it are
 extracted in groups (one pool task per group), then each item is attributed and settled in a
 pool task of its own.
+
+A run of a file is found again by a digest of the file's bytes and the run's fields (its
+idempotency key), so running the same command again resumes it: the items the stopped
+process had handed out go back to the queue (RunStore.resume), claims already extracted are
+reused, and items already scored are not sent again.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import logging
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TextIO
+from typing import Any
 
-from recallq import ingest, queries
-from recallq.db import is_sqlite
+from recallq import dataset, display, ingest, queries
 from recallq.engine import Engine
-from recallq.models import Item, Run, as_utc, utcnow
+from recallq.models import Run, as_utc, utcnow
 from recallq.outcomes import Continue, Deferred, StageOutcome, Taken
 from recallq.runtime import Runtime
 from recallq.settings import Settings
-from recallq.status import RUN_ENDED, ItemStatus
+from recallq.status import RUN_ENDED, RunStatus
 
 log = logging.getLogger(__name__)
 
-BUCKETS = 5
+#: Longest pause between two progress polls of a local run.
+POLL_MAX_SECONDS = 0.5
+#: Idempotency keys of local runs of a file start with this (API keys are the client's own).
+RUN_KEY_PREFIX = "local-run:"
 
 
 class LocalRunner:
-    """A thread pool as the engine's work queue. Deferred items are sent again when due."""
+    """A thread pool as the engine's work queue. Deferred items are sent again when due.
+
+    Once stopped it takes no more work: items the engine releases after that stay queued in
+    the database, for a resume to send again."""
 
     def __init__(self, concurrency: int, group_size: int) -> None:
         self._group_size = group_size
         self._pool = ThreadPoolExecutor(concurrency, thread_name_prefix="recallq-local")
         self._engine: Engine | None = None
         self._busy = 0  # work submitted or scheduled and not finished
+        self._active = 0  # items a pool thread works on right now
+        self._stopped = False
         self._lock = threading.Lock()
         self._timers: list[threading.Timer] = []
 
@@ -47,30 +64,54 @@ class LocalRunner:
 
     def send_items(self, item_ids: Sequence[int]) -> None:
         for start in range(0, len(item_ids), self._group_size):
-            self._submit(self._extract_group, list(item_ids[start : start + self._group_size]))
+            group = list(item_ids[start : start + self._group_size])
+            self._submit(self._extract_group, group, len(group))
 
     def send_attribution(self, taken: Taken) -> None:
-        self._submit(self._attribute, taken)
+        self._submit(self._attribute, taken, 1)
 
     def send_dispatch(self, run_id: str) -> None:
-        self._submit(self._dispatch, run_id)
+        self._submit(self._dispatch, run_id, 0)
 
     @property
     def idle(self) -> bool:
         with self._lock:
             return self._busy == 0
 
-    def stop(self) -> None:
-        for timer in self._timers:
-            timer.cancel()
-        self._pool.shutdown(wait=True, cancel_futures=True)
-
-    def _submit(self, work: Callable[[Any], object], argument: Any) -> None:
+    @property
+    def in_flight(self) -> int:
+        """Items a pool thread is working on right now (a group's extraction counts them all)."""
         with self._lock:
-            self._busy += 1
-        self._pool.submit(self._done_after, work, argument)
+            return self._active
 
-    def _done_after(self, work: Callable[[Any], object], argument: Any) -> None:
+    def stop(self, wait: bool = True) -> None:
+        """Take no more work and drop what has not started. With `wait`, return once the work
+        in flight has ended; without, return at once (see wait_for_in_flight)."""
+        with self._lock:
+            self._stopped = True
+            timers, self._timers = self._timers, []
+        for timer in timers:
+            timer.cancel()
+        self._pool.shutdown(wait=wait, cancel_futures=True)
+
+    def wait_for_in_flight(self, timeout: float) -> int:
+        """After stop(wait=False): wait up to `timeout` seconds for the work in flight to end;
+        returns how much is still running."""
+        deadline = time.monotonic() + timeout
+        while (left := self.in_flight) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return left
+
+    def _submit(self, work: Callable[[Any], object], argument: Any, items: int) -> None:
+        with self._lock:
+            if self._stopped:
+                return
+            self._busy += 1
+        self._pool.submit(self._done_after, work, argument, items)
+
+    def _done_after(self, work: Callable[[Any], object], argument: Any, items: int) -> None:
+        with self._lock:
+            self._active += items
         try:
             work(argument)
         except Exception:  # noqa: BLE001  (one item's bug must not stop the others)
@@ -78,6 +119,7 @@ class LocalRunner:
         finally:
             with self._lock:
                 self._busy -= 1
+                self._active -= items
 
     def _extract_group(self, item_ids: list[int]) -> None:
         engine = self._started()
@@ -96,20 +138,22 @@ class LocalRunner:
         else:
             engine.settle(outcome)
 
+    def _dispatch(self, run_id: str) -> None:
+        self._started().dispatch(run_id)
+
     def _started(self) -> Engine:
         assert self._engine is not None, "start() the runner with its engine first"
         return self._engine
 
-    def _dispatch(self, run_id: str) -> None:
-        self._started().dispatch(run_id)
-
     def _later(self, until: datetime, item_id: int) -> None:
         delay = max(0.0, (as_utc(until) - utcnow()).total_seconds())
         with self._lock:
+            if self._stopped:
+                return
             self._busy += 1
-        timer = threading.Timer(delay, self._resend, args=(item_id,))
-        timer.daemon = True
-        self._timers.append(timer)
+            timer = threading.Timer(delay, self._resend, args=(item_id,))
+            timer.daemon = True
+            self._timers.append(timer)
         timer.start()
 
     def _resend(self, item_id: int) -> None:
@@ -125,148 +169,135 @@ def local_runtime(settings: Settings, concurrency: int) -> tuple[Runtime, LocalR
     return runtime, runner
 
 
-def read_jsonl(path: Path, max_item_bytes: int) -> Iterator[Any]:
-    with path.open("rb") as handle:
-        yield from ingest.parse_ndjson_lines(handle, max_item_bytes)
-
-
 def check_model(runtime: Runtime, model: str) -> None:
     """Before anything starts: the model is known and its settings resolve here (this process
     is the worker, so a key missing from its environment would fail every item)."""
     runtime.models[ingest.require_known_model(model, runtime.models)].resolved_params()
 
 
-def submit_local(
+# --- runs of a file: create, or find again and resume ----------------------------------------
+
+
+def run_key(path: Path, spec: ingest.RunSpec, mapping: Mapping[str, str]) -> str:
+    """The idempotency key of a local run of a file: a digest of the file's bytes, the run's
+    fields and the field mapping. The same command on the same file finds the same run."""
+    content = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            content.update(chunk)
+    fields = {
+        "file": content.hexdigest(),
+        "model": spec.model,
+        "name": spec.name,
+        "scale": spec.scale,
+        "context": spec.context,
+        "context_extractor": spec.context_extractor,
+        "mapping": dict(sorted(mapping.items())),
+    }
+    text = json.dumps(fields, sort_keys=True, ensure_ascii=False)
+    return RUN_KEY_PREFIX + hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Opened:
+    """The run a `recallq run` works on, and how it came to be: `created`, `resumed` (with
+    `resent` items sent again) or `finished` (nothing left to score)."""
+
+    run_id: str
+    how: str
+    resent: int = 0
+    note: str | None = None
+
+
+def create_run(runtime: Runtime, spec: ingest.RunSpec, items: Iterable[Any]) -> str:
+    with runtime.database.session() as session:
+        return ingest.create_run(session, runtime.runs, spec, items, runtime.settings).id
+
+
+def open_file_run(
     runtime: Runtime,
     path: Path,
-    model: str | None,
-    scale: float,
-    name: str | None,
-    context: Any = None,
-    context_extractor: Any = None,
-) -> str:
-    settings = runtime.settings
-    spec = ingest.build_spec(
-        model=model,
-        default_model=settings.default_model,
-        default_retry_deadline=settings.retry_deadline,
-        known_models=runtime.models,
-        name=name or path.name,
-        scale=scale,
-        context=context,
-        context_extractor=context_extractor,
-    )
+    spec: ingest.RunSpec,
+    mapping: Mapping[str, str],
+    fresh: bool = False,
+) -> Opened:
+    """The run of this file with these fields: the one made before (resumed), or a new one.
+    `fresh`, or a run that was cancelled, starts over: the old run keeps its results but
+    hands its key to the new one, so the next plain `recallq run` resumes the new one."""
+    spec = dataclasses.replace(spec, idempotency_key=run_key(path, spec, mapping))
     with runtime.database.session() as session:
-        run = ingest.create_run(
-            session, runtime.runs, spec, read_jsonl(path, settings.max_item_bytes), settings
-        )
-        return run.id
+        found = ingest.find_by_idempotency_key(session, spec)
+        status = None if found is None else found.status
+    note = None
+    if found is not None and (fresh or status == RunStatus.CANCELLED):
+        runtime.runs.forget_idempotency_key(found.id)
+        why = "--fresh" if fresh else "it was cancelled"
+        note = f"run {found.id} of this file is kept as it is ({why}); starting a new run"
+        found = None
+    if found is None:
+        items = dataset.items_from(path, mapping=mapping)
+        return Opened(create_run(runtime, spec, items), "created", note=note)
+    if status in RUN_ENDED:
+        return Opened(found.id, "finished")
+    return Opened(found.id, "resumed", runtime.runs.resume(found.id, spec.project))
 
 
-def run_view(runtime: Runtime, run_id: str) -> dict[str, Any]:
+# --- scoring ---------------------------------------------------------------------------------
+
+
+def run_view(runtime: Runtime, run_id: str, details: bool = True) -> dict[str, Any]:
     with runtime.database.session() as session:
         run = session.get(Run, run_id)
         assert run is not None
-        return runtime.run_view(session, run)
+        return runtime.run_view(session, run, details)
 
 
 def process(
     runtime: Runtime, runner: LocalRunner, run_id: str, progress: bool = True
 ) -> dict[str, Any]:
-    """Score a stored run with the local runner; returns the finished run view."""
+    """Score a stored run with the local runner; returns the finished run view.
+
+    On Ctrl-C (KeyboardInterrupt) the runner stops taking work, without waiting for the items
+    in flight, and the interrupt goes on to the caller: the run stays as it is, resumable."""
     from tqdm import tqdm
 
-    view = run_view(runtime, run_id)
+    view = run_view(runtime, run_id, details=False)
     bar = tqdm(total=view["counts"]["total"], unit="item", disable=not progress, file=sys.stderr)
     runner.send_dispatch(run_id)
+    pause = 0.05  # small runs end fast; a long one is polled less often (each poll is a scan)
     try:
         while True:
-            time.sleep(0.05)
+            time.sleep(pause)
+            pause = min(POLL_MAX_SECONDS, pause * 1.25)
             idle = runner.idle  # before the view: work that ended by now shows in it
-            view = run_view(runtime, run_id)
+            view = run_view(runtime, run_id, details=False)
             counts = view["counts"]
             bar.n = counts["succeeded"] + counts["failed"] + counts["cancelled"]
             bar.set_postfix(failed=counts["failed"], refresh=False)
+            bar.set_description_str(display.paused(view) or "", refresh=False)
             bar.refresh()
             if view["status"] in RUN_ENDED:
                 break
             if idle:  # nothing in flight, yet the run has not ended: say so, do not hang
                 log.error("run %s stopped with items unended: %s", run_id, counts)
                 break
+    except KeyboardInterrupt:
+        runner.stop(wait=False)
+        raise
     finally:
         bar.close()
-        runner.stop()
-    return view
+    runner.stop()
+    return run_view(runtime, run_id)
 
 
-def write_results(runtime: Runtime, run_id: str, out: Path) -> int:
-    """Per-item results with claims: CSV if the file name ends in .csv, else JSONL."""
-    lines = queries.csv_lines if out.suffix.lower() == ".csv" else queries.jsonl_lines
-    count = 0
-    with runtime.database.session() as session, out.open("w") as handle:
-        for line in lines(queries.iter_results(session, run_id)):
-            handle.write(line)
-            count += 1
-    return count
+def write_results(runtime: Runtime, run_id: str, out: Path, format: str | None = None) -> int:
+    """Per-item results with claims, in `format` (by default from the file name, as
+    export.format_for says); the same export as `recallq results`."""
+    from recallq import export
 
-
-def print_summary(
-    runtime: Runtime, view: dict[str, Any], run_id: str, out: Path | None, stream: TextIO
-) -> None:
-    counts, summary, usage = view["counts"], view["summary"], view["usage"]
-    scores, failures = _scores_and_failures(runtime, run_id)
-    mean = summary["mean_score"]
-    rows = [
-        ("run", run_id),
-        ("model", view["model"]),
-        ("items", str(counts["total"])),
-        ("scored", str(counts["succeeded"])),
-        ("failed", str(counts["failed"])),
-        ("mean score", "-" if mean is None else f"{mean:.2f}"),
-        ("claims supported", f"{summary['claims_attributed']} of {summary['claims_total']}"),
-        ("llm calls", str(usage["llm_calls"])),
-    ]
-    width = max(len(k) for k, _ in rows)
-    print("\nrecallq summary", file=stream)
-    for key, value in rows:
-        print(f"  {key:<{width}}  {value}", file=stream)
-    print("\nscore distribution", file=stream)
-    scale = view["scale"] or 1.0
-    histogram = [0] * BUCKETS
-    for score in scores:
-        histogram[min(BUCKETS - 1, int(score / scale * BUCKETS))] += 1
-    top = max(histogram) or 1
-    for i, n in enumerate(histogram):
-        low, high = scale * i / BUCKETS, scale * (i + 1) / BUCKETS
-        label = f"{low:g}-{high:g}" + ("]" if i == BUCKETS - 1 else ")")
-        print(f"  {label:<9} {'#' * round(20 * n / top):<20} {n}", file=stream)
-    if failures:
-        print("\nfailures", file=stream)
-        for key, error in failures[:10]:
-            print(f"  {key}: {error}", file=stream)
-        if len(failures) > 10:
-            print(f"  ... and {len(failures) - 10} more", file=stream)
-    url = runtime.database.url
-    where = str(Path(url.removeprefix("sqlite:///")).resolve()) if is_sqlite(url) else url
-    print(f"\nresults: {where} (run {run_id})", file=stream)
-    if out is not None:
-        print(f"per-item results with claims: {out}", file=stream)
-
-
-def _scores_and_failures(
-    runtime: Runtime, run_id: str
-) -> tuple[list[float], list[tuple[str, str]]]:
-    from sqlalchemy import select
-
-    with runtime.database.session() as session:
-        rows = session.execute(
-            select(Item.key, Item.status, Item.score, Item.error)
-            .where(Item.run_id == run_id)
-            .order_by(Item.idx)
-        ).all()
-    scores = [r.score for r in rows if r.status == ItemStatus.SUCCEEDED and r.score is not None]
-    failures = [(r.key, r.error or "") for r in rows if r.status == ItemStatus.FAILED]
-    return scores, failures
+    with runtime.database.session() as session, out.open("w", encoding="utf-8") as handle:
+        results = queries.iter_results(session, run_id)
+        return export.write(results, format or export.format_for(out), handle)
 
 
 def default_concurrency(settings: Settings, model: str) -> int:

@@ -24,3 +24,29 @@ def upgrade(url: str | None = None, revision: str = "head") -> None:
 
 def downgrade(url: str | None = None, revision: str = "base") -> None:
     command.downgrade(alembic_config(url), revision)
+
+
+def current_revision(url: str) -> str | None:
+    """The database's schema revision; None when it has no recallq schema yet."""
+    from alembic.migration import MigrationContext
+
+    from recallq.db import make_engine
+
+    engine = make_engine(url)
+    try:
+        with engine.connect() as conn:
+            return MigrationContext.configure(conn).get_current_revision()
+    finally:
+        engine.dispose()
+
+
+def upgrade_and_say(url: str) -> str:
+    """Upgrade to head, and say what happened: created, upgraded, or already up to date."""
+    before = current_revision(url)
+    upgrade(url)
+    after = current_revision(url)
+    if before is None:
+        return f"created the schema (revision {after})"
+    if before != after:
+        return f"upgraded the schema from revision {before} to {after}"
+    return f"the schema is up to date (revision {after})"

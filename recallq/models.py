@@ -40,7 +40,11 @@ class Base(DeclarativeBase):
 
 class Run(Base):
     __tablename__ = "runs"
-    __table_args__ = (UniqueConstraint("project", "idempotency_key", name="uq_runs_idempotency"),)
+    __table_args__ = (
+        UniqueConstraint("project", "idempotency_key", name="uq_runs_idempotency"),
+        # a project's runs, newest first (GET /v1/runs, `recallq runs`)
+        Index("ix_runs_project_created", "project", "created_at"),
+    )
 
     id: Mapped[str] = mapped_column(String(36), primary_key=True)
     project: Mapped[str] = mapped_column(String(64), default="default", index=True)
@@ -78,6 +82,8 @@ class Item(Base):
     output: Mapped[Any | None] = mapped_column(JSON)
     ground_truth: Mapped[str | None] = mapped_column(Text)
     contexts: Mapped[list[str]] = mapped_column(JSON)  # resolved at submission
+    # the submitted record's other fields (recallq.dataset); `metadata` is taken on the class
+    item_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
     status: Mapped[str] = mapped_column(String(16), default=ItemStatus.PENDING)
     score: Mapped[float | None] = mapped_column(Float)
     claims_total: Mapped[int | None] = mapped_column(Integer)

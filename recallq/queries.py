@@ -1,50 +1,99 @@
-"""Read models: a run with its counts, summary and usage; items with their claims, paged."""
+"""Read models: a run with its counts, summary and usage; runs newest first; items with their
+claims, paged; two runs compared; a run sliced by a metadata field."""
 
 from __future__ import annotations
 
-import csv
-import io
+import base64
+import binascii
 import json
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy import ColumnElement, and_, func, or_, select
+from sqlalchemy.orm import Session, defer
 
+from recallq import compare as ab
+from recallq.groups import GroupedItem, summarise_groups
 from recallq.models import Claim, Item, Run
 from recallq.status import ItemStatus, public_item_status, stored_item_statuses
+
+#: Buckets of a run's score histogram (each a fifth of the scale; the last includes the top).
+HISTOGRAM_BUCKETS = 5
+#: Failures grouped by error in a run view: the most frequent errors, up to this many.
+FAILURE_GROUPS = 10
+_STATUSES = list(ItemStatus)
+_ITEM_DATA = ("input", "output", "ground_truth", "contexts", "item_metadata")
 
 
 def _iso(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def run_view(session: Session, run: Run) -> dict[str, Any]:
-    # one scan of the run's items for counts, summary and usage (a 100k-item run is read
-    # by every status poll)
-    statuses = list(ItemStatus)
-    row = session.execute(
-        select(
-            *(func.count().filter(Item.status == status) for status in statuses),
-            func.avg(Item.score).filter(Item.status == ItemStatus.SUCCEEDED),
-            func.count(Item.score).filter(Item.status == ItemStatus.SUCCEEDED),
-            func.coalesce(func.sum(Item.claims_total), 0),
-            func.coalesce(func.sum(Item.claims_attributed), 0),
-            func.coalesce(func.sum(Item.llm_calls), 0),
-            func.coalesce(func.sum(Item.prompt_tokens), 0),
-            func.coalesce(func.sum(Item.completion_tokens), 0),
-            func.coalesce(func.sum(Item.cost_usd), 0.0),
-            func.coalesce(func.sum(Item.cache_hits), 0),
-            func.coalesce(func.sum(Item.call_attempts), 0),
-            func.coalesce(func.sum(Item.failed_calls), 0),
-            func.coalesce(func.sum(Item.deferrals), 0),
-        ).where(Item.run_id == run.id)
-    ).one()
-    counts = dict(zip(statuses, row[: len(statuses)], strict=True))
-    mean, scored, claims_total, claims_attributed, *spent = row[len(statuses) :]
-    calls, prompt, completion, cost, hits, attempts, failed_calls, deferrals = spent
-    return {
+def _aggregate_columns(scale: Any, details: bool) -> list[ColumnElement[Any]]:
+    """Counts, summary, usage and (with `details`) the score histogram of a run: one scan of
+    its items (a 100k-item run is read by every status poll). `scale` is the run's scale, or
+    the runs.scale column when several runs are read at once."""
+    ok = Item.status == ItemStatus.SUCCEEDED
+    columns = [
+        *(func.count().filter(Item.status == status) for status in _STATUSES),
+        func.avg(Item.score).filter(ok),
+        func.count(Item.score).filter(ok),
+        func.count().filter(ok, Item.ground_truth.is_(None)),
+        func.coalesce(func.sum(Item.claims_total), 0),
+        func.coalesce(func.sum(Item.claims_attributed), 0),
+        func.coalesce(func.sum(Item.llm_calls), 0),
+        func.coalesce(func.sum(Item.prompt_tokens), 0),
+        func.coalesce(func.sum(Item.completion_tokens), 0),
+        func.coalesce(func.sum(Item.cost_usd), 0.0),
+        func.coalesce(func.sum(Item.cache_hits), 0),
+        func.coalesce(func.sum(Item.call_attempts), 0),
+        func.coalesce(func.sum(Item.failed_calls), 0),
+        func.coalesce(func.sum(Item.deferrals), 0),
+    ]
+    if details:
+        for i in range(HISTOGRAM_BUCKETS):
+            low = Item.score >= scale * (i / HISTOGRAM_BUCKETS)
+            high = Item.score < scale * ((i + 1) / HISTOGRAM_BUCKETS)
+            bucket = and_(ok, low, high) if i < HISTOGRAM_BUCKETS - 1 else and_(ok, low)
+            columns.append(func.count().filter(bucket))
+    return columns
+
+
+def _failures(session: Session, run_id: str) -> list[dict[str, Any]]:
+    """The run's failed items grouped by error, most frequent first, with one example id."""
+    rows = session.execute(
+        select(Item.error, func.count(), func.min(Item.key))
+        .where(Item.run_id == run_id, Item.status == ItemStatus.FAILED)
+        .group_by(Item.error)
+        .order_by(func.count().desc(), Item.error)
+        .limit(FAILURE_GROUPS)
+    ).all()
+    return [{"error": error or "", "count": n, "example_id": key} for error, n, key in rows]
+
+
+def _view(session: Session, run: Run, row: Sequence[Any] | None, details: bool) -> dict[str, Any]:
+    if row is None:  # a run without items (none is stored, but a view must not fail)
+        empty: tuple[Any, ...] = (0,) * len(_STATUSES) + (None,)
+        row = empty + (0,) * (12 + HISTOGRAM_BUCKETS * details)
+    counts = dict(zip(_STATUSES, row[: len(_STATUSES)], strict=True))
+    totals = row[len(_STATUSES) :]
+    mean, scored, no_truth, claims_total, claims_attributed = totals[:5]
+    calls, prompt, completion, cost, hits, attempts, failed_calls, deferrals = totals[5:13]
+    failed = counts[ItemStatus.FAILED]
+    summary: dict[str, Any] = {
+        "mean_score": round(float(mean), 4) if mean is not None else None,
+        "scored_items": int(scored),
+        "claims_total": int(claims_total),
+        "claims_attributed": int(claims_attributed),
+        # scored 0 because there was nothing to check, not because retrieval missed
+        "no_ground_truth": int(no_truth),
+    }
+    if details:
+        edges = [round(run.scale * i / HISTOGRAM_BUCKETS, 6) for i in range(HISTOGRAM_BUCKETS + 1)]
+        summary["histogram"] = {"edges": edges, "counts": [int(n) for n in totals[13:]]}
+    view: dict[str, Any] = {
         "id": run.id,
         "name": run.name,
         "status": run.status,
@@ -59,15 +108,10 @@ def run_view(session: Session, run: Run) -> dict[str, Any]:
             "pending": counts[ItemStatus.PENDING] + counts[ItemStatus.QUEUED],
             "running": counts[ItemStatus.RUNNING],
             "succeeded": counts[ItemStatus.SUCCEEDED],
-            "failed": counts[ItemStatus.FAILED],
+            "failed": failed,
             "cancelled": counts[ItemStatus.CANCELLED],
         },
-        "summary": {
-            "mean_score": round(float(mean), 4) if mean is not None else None,
-            "scored_items": int(scored),
-            "claims_total": int(claims_total),
-            "claims_attributed": int(claims_attributed),
-        },
+        "summary": summary,
         "usage": {
             "llm_calls": int(calls),
             "prompt_tokens": int(prompt),
@@ -79,10 +123,94 @@ def run_view(session: Session, run: Run) -> dict[str, Any]:
             "deferrals": int(deferrals),
         },
     }
+    if details:
+        view["failures"] = _failures(session, run.id) if failed else []
+    return view
 
 
-def item_view(item: Item, claims: list[Claim]) -> dict[str, Any]:
-    return {
+def run_view(session: Session, run: Run, details: bool = True) -> dict[str, Any]:
+    """The run object of the contract, plus `summary.no_ground_truth` and, with `details`,
+    `summary.histogram` and `failures` (failed items grouped by error). Progress polls of a
+    process that prints the details at the end pass details=False: a quarter less work."""
+    row = session.execute(
+        select(*_aggregate_columns(run.scale, details)).where(Item.run_id == run.id)
+    ).one()
+    return _view(session, run, row, details)
+
+
+def run_views(session: Session, runs: Sequence[Run]) -> list[dict[str, Any]]:
+    """The views of several runs, their items read in one grouped scan."""
+    if not runs:
+        return []
+    rows = session.execute(
+        select(Item.run_id, *_aggregate_columns(Run.scale, details=True))
+        .join(Run, Run.id == Item.run_id)
+        .where(Item.run_id.in_([run.id for run in runs]))
+        .group_by(Item.run_id)
+    ).all()
+    found = {row[0]: row[1:] for row in rows}
+    return [_view(session, run, found.get(run.id), details=True) for run in runs]
+
+
+# --- runs, newest first ----------------------------------------------------------------------
+
+RunCursor = tuple[datetime, str]
+
+
+def list_runs(
+    session: Session,
+    project: str,
+    *,
+    status: str | None = None,
+    name: str | None = None,
+    limit: int = 20,
+    after: RunCursor | None = None,
+) -> tuple[list[dict[str, Any]], RunCursor | None]:
+    """A page of the project's runs, newest first, and the cursor of the next page (None on
+    the last). `name` matches exactly."""
+    query = select(Run).where(Run.project == project)
+    if status:
+        query = query.where(Run.status == status)
+    if name is not None:
+        query = query.where(Run.name == name)
+    if after is not None:
+        created, run_id = after
+        query = query.where(
+            or_(Run.created_at < created, and_(Run.created_at == created, Run.id < run_id))
+        )
+    runs = list(
+        session.scalars(query.order_by(Run.created_at.desc(), Run.id.desc()).limit(limit + 1))
+    )
+    more = len(runs) > limit
+    runs = runs[:limit]
+    cursor = (runs[-1].created_at, runs[-1].id) if more else None
+    return run_views(session, runs), cursor
+
+
+def encode_run_cursor(cursor: RunCursor | None) -> str | None:
+    if cursor is None:
+        return None
+    text = json.dumps([cursor[0].isoformat(), cursor[1]])
+    return base64.urlsafe_b64encode(text.encode()).decode()
+
+
+def decode_run_cursor(cursor: str) -> RunCursor:
+    """Raises ValueError for a cursor this module did not make."""
+    try:
+        created, run_id = json.loads(base64.urlsafe_b64decode(cursor.encode() + b"=="))
+        return datetime.fromisoformat(created), str(run_id)
+    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
+        raise ValueError("not a runs cursor") from exc
+
+
+# --- items -----------------------------------------------------------------------------------
+
+
+def item_view(item: Item, claims: list[Claim], item_data: bool = True) -> dict[str, Any]:
+    """An item with its claims and, unless `item_data` is false, what was submitted: `input`,
+    `output`, `ground_truth` (as scored), `context` (the passages judged, which the claims'
+    `context_indices` point into) and `metadata`."""
+    view = {
         "id": item.key,
         "index": item.idx,
         "status": public_item_status(item.status),
@@ -104,6 +232,15 @@ def item_view(item: Item, claims: list[Claim]) -> dict[str, Any]:
             for c in claims
         ],
     }
+    if item_data:
+        view |= {
+            "input": item.input,
+            "output": item.output,
+            "ground_truth": item.ground_truth,
+            "context": item.contexts,
+            "metadata": item.item_metadata,
+        }
+    return view
 
 
 def _claims_by_item(session: Session, item_ids: list[int]) -> dict[int, list[Claim]]:
@@ -117,9 +254,16 @@ def _claims_by_item(session: Session, item_ids: list[int]) -> dict[int, list[Cla
 
 
 def items_page(
-    session: Session, run_id: str, status: str | None, limit: int, after_index: int | None
+    session: Session,
+    run_id: str,
+    status: str | None,
+    limit: int,
+    after_index: int | None,
+    item_data: bool = True,
 ) -> tuple[list[dict[str, Any]], int | None]:
     query = select(Item).where(Item.run_id == run_id)
+    if not item_data:
+        query = query.options(*(defer(getattr(Item, column)) for column in _ITEM_DATA))
     if status:
         query = query.where(Item.status.in_(stored_item_statuses(status)))
     if after_index is not None:
@@ -129,53 +273,95 @@ def items_page(
     items = items[:limit]
     claims = _claims_by_item(session, [i.id for i in items])
     next_index = items[-1].idx if more else None
-    return [item_view(i, claims[i.id]) for i in items], next_index
+    return [item_view(i, claims[i.id], item_data) for i in items], next_index
 
 
-def get_item(session: Session, run_id: str, key: str) -> dict[str, Any] | None:
+def get_item(
+    session: Session, run_id: str, key: str, item_data: bool = True
+) -> dict[str, Any] | None:
     item = session.scalars(select(Item).where(Item.run_id == run_id, Item.key == key)).one_or_none()
     if item is None:
         return None
-    return item_view(item, _claims_by_item(session, [item.id])[item.id])
+    return item_view(item, _claims_by_item(session, [item.id])[item.id], item_data)
 
 
-def iter_results(session: Session, run_id: str, batch: int = 500) -> Iterator[dict[str, Any]]:
+def iter_results(
+    session: Session, run_id: str, batch: int = 500, item_data: bool = True
+) -> Iterator[dict[str, Any]]:
     """Every item with its claims, in index order, read one batch at a time."""
     after: int | None = None
     while True:
-        page, after = items_page(session, run_id, None, batch, after)
+        page, after = items_page(session, run_id, None, batch, after, item_data)
         yield from page
         if after is None:
             return
 
 
-CSV_COLUMNS = [
-    "id",
-    "index",
-    "status",
-    "score",
-    "claims_total",
-    "claims_attributed",
-    "attempts",
-    "reason",
-    "error",
-    "claims",
-]
+# --- comparing and slicing -------------------------------------------------------------------
 
 
-def jsonl_lines(results: Iterator[dict[str, Any]]) -> Iterator[str]:
-    for result in results:
-        yield json.dumps(result, ensure_ascii=False) + "\n"
+class IncomparableRuns(ValueError):
+    """Two runs whose scores cannot be set against each other (different scales)."""
 
 
-def csv_lines(results: Iterator[dict[str, Any]]) -> Iterator[str]:
-    """One row per item; the claims column holds them as JSON."""
-    buffer = io.StringIO()
-    writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-    writer.writeheader()
-    for result in results:
-        writer.writerow({**result, "claims": json.dumps(result["claims"], ensure_ascii=False)})
-        yield buffer.getvalue()
-        buffer.seek(0)
-        buffer.truncate()
-    yield buffer.getvalue()
+def item_scores(session: Session, run_id: str) -> list[ab.ItemScores]:
+    """A run's items as the comparison needs them: score when scored, verdict per claim text,
+    metadata."""
+    verdicts: dict[int, dict[str, str]] = defaultdict(dict)
+    for item_id, text, verdict in session.execute(
+        select(Claim.item_id, Claim.text, Claim.verdict)
+        .join(Item, Item.id == Claim.item_id)
+        .where(Item.run_id == run_id, Claim.verdict.is_not(None))
+        .order_by(Claim.item_id, Claim.idx)
+    ):
+        if verdict is not None:
+            verdicts[item_id][text] = verdict
+    rows = session.execute(
+        select(Item.id, Item.key, Item.status, Item.score, Item.item_metadata).where(
+            Item.run_id == run_id
+        )
+    )
+    return [
+        ab.ItemScores(
+            key,
+            score if status == ItemStatus.SUCCEEDED else None,
+            verdicts.get(item_id, {}),
+            metadata,
+        )
+        for item_id, key, status, score, metadata in rows
+    ]
+
+
+def _run_brief(run: Run) -> dict[str, Any]:
+    return {"id": run.id, "name": run.name, "model": run.model, "status": run.status}
+
+
+def compare_runs(
+    session: Session, base: Run, candidate: Run, by: str | None = None, top: int = 10
+) -> dict[str, Any]:
+    """The contract's comparison of `candidate` against `base`, items paired by id, with
+    `base_run` and `candidate_run` (id, name, model, status). Raises IncomparableRuns for runs
+    of different scales."""
+    if base.scale != candidate.scale:
+        raise IncomparableRuns(
+            f"the runs have different scales ({base.scale:g} and {candidate.scale:g}); "
+            "compare runs scored on one scale"
+        )
+    result = ab.compare(
+        item_scores(session, base.id),
+        item_scores(session, candidate.id),
+        scale=base.scale,
+        top=top,
+        by=by,
+    )
+    return {**result, "base_run": _run_brief(base), "candidate_run": _run_brief(candidate)}
+
+
+def group_summary(session: Session, run_id: str, by: str) -> dict[str, dict[str, Any]]:
+    """The run's items by the value of metadata field `by` (recallq.groups)."""
+    rows = session.execute(
+        select(Item.status, Item.score, Item.item_metadata)
+        .where(Item.run_id == run_id)
+        .execution_options(yield_per=1000)
+    )
+    return summarise_groups((GroupedItem(*row) for row in rows), by)

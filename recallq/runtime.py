@@ -40,7 +40,7 @@ from recallq.reaper import Reaper
 from recallq.retry import RetryPolicy
 from recallq.settings import Settings
 from recallq.status import RUN_ACTIVE
-from recallq.store import ItemStore, RunStore
+from recallq.store import ItemStore, RunStore, stores_for
 
 
 class LocalOwners:
@@ -116,19 +116,16 @@ class Runtime:
         )
 
     @cached_property
-    def items(self) -> ItemStore:
-        settings = self.settings
-        return ItemStore(
-            self.database,
-            settings.lease_seconds,
-            settings.queue_lease_seconds,
-            settings.dispatch_window,
-            settings.extraction_pack,
-        )
+    def _stores(self) -> tuple[ItemStore, RunStore]:
+        return stores_for(self.database, self.settings)
 
-    @cached_property
+    @property
+    def items(self) -> ItemStore:
+        return self._stores[0]
+
+    @property
     def runs(self) -> RunStore:
-        return RunStore(self.database, self.items, self.settings.insert_batch_size)
+        return self._stores[1]
 
     @cached_property
     def breaker(self) -> CircuitBreaker:
@@ -184,9 +181,10 @@ class Runtime:
             return Unlimited()
         return RedisRateLimiter(self.redis, model.rpm, model.tpm, self.settings.rate_limit_max_wait)
 
-    def run_view(self, session: Session, run: Run) -> dict[str, Any]:
-        """The run as users see it: counts, summary and usage, and why it waits, if it does."""
-        view = queries.run_view(session, run)
+    def run_view(self, session: Session, run: Run, details: bool = True) -> dict[str, Any]:
+        """The run as users see it: counts, summary and usage, and why it waits, if it does
+        (see queries.run_view for `details`)."""
+        view = queries.run_view(session, run, details)
         view["waiting"] = self.waiting(run.model) if run.status in RUN_ACTIVE else None
         return view
 

@@ -47,6 +47,10 @@ class Settings(BaseSettings):
     breaker_cool_down: float = 5.0  # first wait before a probe; doubles per failed probe
     breaker_max_cool_down: float = 300.0
 
+    # clients: the CLI's client commands and recallq.Client (no API URL: the local database)
+    api_url: str | None = None
+    api_key: str | None = None
+
     # api
     max_items_per_run: int = 200_000
     max_body_bytes: int = 512 * 1024 * 1024

@@ -5,6 +5,7 @@ Only `recallq.store` moves anything from one state to another; its methods name 
 
     item:  pending → queued → running → succeeded | failed
            running → queued             (deferred, or its worker was lost)
+           queued | running → pending   (resume: the local process that held it stopped)
            failed → pending             (retry)
            pending | queued | running → cancelled   (its run was cancelled)
     run:   queued → running → completed → running   (retry of failed items)
@@ -60,6 +61,8 @@ ITEM_TRANSITIONS: frozenset[tuple[ItemStatus, ItemStatus]] = frozenset(
         (ItemStatus.RUNNING, ItemStatus.SUCCEEDED),  # succeed
         (ItemStatus.RUNNING, ItemStatus.FAILED),  # fail
         (ItemStatus.RUNNING, ItemStatus.CANCELLED),  # cancel_run, or take of a cancelled run
+        (ItemStatus.QUEUED, ItemStatus.PENDING),  # resume
+        (ItemStatus.RUNNING, ItemStatus.PENDING),  # resume
         (ItemStatus.FAILED, ItemStatus.PENDING),  # retry_failed
     }
 )

@@ -19,6 +19,8 @@ Runs (RunStore)
     complete_if_done running → completed           no item of the run unended
     cancel          queued|running → cancelled, and unended items → cancelled
     retry_failed    completed|running → running, and failed items → pending
+    resume          queued|running items → pending (local mode, after the process stopped)
+    forget_idempotency_key   the run no longer answers to its key (a fresh run takes it)
 
 A stage writes only while its pass still owns the item: its owner token and status are checked
 in the UPDATE itself, so a stale or duplicate copy of a stage writes nothing (no second set of
@@ -62,6 +64,7 @@ from recallq.judge.base import Usage
 from recallq.models import Claim, ClaimCache, Item, Run, as_utc, utcnow
 from recallq.outcomes import Deferred, Ended, Skipped, SkipReason, Taken
 from recallq.scoring import Outcome, Verdict
+from recallq.settings import Settings
 from recallq.status import ITEM_ENDED, ITEM_IN_FLIGHT, RUN_ENDED, ItemStatus, RunStatus
 
 items, runs, claims_table, cache = (
@@ -641,6 +644,30 @@ class RunStore:
                 )
         return len(retried)
 
+    def resume(self, run_id: str, project: str) -> int:
+        """queued|running → pending for the run's items that were handed out but not ended:
+        in local mode the process that held them has stopped (Ctrl-C), so no message for them
+        is on its way and nobody works on them; dispatch sends them again. Claims already
+        extracted are kept, so extraction is not paid twice. Returns how many items.
+
+        Only for a run no live process is scoring: two processes resuming one run would both
+        score its items (the owner token keeps the stored results single, not the calls)."""
+        with self._db.transaction() as conn:
+            self._lock(conn, run_id, project)
+            resumed = _update_items_in_id_order(
+                conn,
+                items.c.run_id == run_id,
+                items.c.status.in_(ITEM_IN_FLIGHT),
+                values={"status": ItemStatus.PENDING, "owner": None, "lease_until": None},
+            )
+        return len(resumed)
+
+    def forget_idempotency_key(self, run_id: str) -> None:
+        """The run keeps everything but its idempotency key, which a fresh run of the same
+        submission then takes (`recallq run --fresh`, or after the run was cancelled)."""
+        with self._db.single_statement() as conn:
+            conn.execute(update(runs).where(runs.c.id == run_id).values(idempotency_key=None))
+
     @staticmethod
     def _lock(conn: Connection, run_id: str, project: str) -> str:
         """The run's status, its row locked until the transaction ends."""
@@ -652,3 +679,15 @@ class RunStore:
         if status is None:
             raise RunNotFound(f"run {run_id} not found")
         return str(status)
+
+
+def stores_for(database: Database, settings: Settings) -> tuple[ItemStore, RunStore]:
+    """The item and run stores of a database, set up as the settings say."""
+    items = ItemStore(
+        database,
+        settings.lease_seconds,
+        settings.queue_lease_seconds,
+        settings.dispatch_window,
+        settings.extraction_pack,
+    )
+    return items, RunStore(database, items, settings.insert_batch_size)

@@ -68,7 +68,7 @@ def test_same_scenarios_through_the_stub_on_sqlite(tmp_path: Path, clean_stub) -
     # the three ground truths are extracted in one packed call, then one attribution each
     # (none for the item without context)
     assert calls == Counter({"claim_extraction_packed": 1, "claim_attribution": 2})
-    assert "llm calls         3" in done.stdout
+    assert "llm_calls          3" in done.stdout
 
 
 def test_bad_file_is_a_clear_error(tmp_path: Path) -> None:
@@ -119,4 +119,4 @@ def test_the_agent_example_runs_with_a_context_extractor(tmp_path: Path) -> None
     extractor = '{"type": "tool_results"}'
     done = recallq_run([agent_run, "--context-extractor", extractor, "--quiet"], tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "scored            4" in done.stdout
+    assert "succeeded          4" in done.stdout

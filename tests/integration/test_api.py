@@ -48,7 +48,12 @@ def _error(response: httpx.Response) -> tuple[int, str]:
             {"items": [{"id": "a", "context": ["x"]}, {"id": "a", "context": ["y"]}]},
             (422, "duplicate_id"),
         ),
-        ({"items": [{"id": "a", "context": ["x"], "surprise": 1}]}, (422, "invalid_request")),
+        ({"items": [{"id": "a", "context": ["x"], "ground_thruth": 1}]}, (422, "invalid_request")),
+        ({"items": [{"id": "a", "context": [{"doc": 1}]}]}, (422, "invalid_request")),
+        (
+            {"items": [{"id": "a", "context": ["x"], "retrieved_contexts": ["y"]}]},
+            (422, "invalid_request"),
+        ),
         ({"items": [7]}, (422, "invalid_request")),
         ({"items": _items(1), "context_extractor": {"type": "magic"}}, (422, "invalid_request")),
         ({"items": _items(1), "api_base": "http://evil"}, (422, "invalid_request")),

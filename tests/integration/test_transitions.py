@@ -155,6 +155,19 @@ def test_every_move_is_in_the_table_and_every_move_in_the_table_is_made(
     engine.settle(Ended(run_id))  # running → completed
     assert runs.retry_failed(run_id, "default") == 1  # completed → running
 
+    # resume after the local process stopped: queued and running items → pending, and a
+    # resumed item keeps the claims it had extracted
+    stopped, (held, sent, later) = _run(runtime, "p", "q", "r")
+    engine.dispatch(stopped)  # a window of 2: held and sent queued, later pending
+    held_pass = engine.take(held)
+    assert isinstance(held_pass, Continue)
+    assert isinstance(engine.extract(held_pass.taken), Continue)
+    assert runs.resume(stopped, "default") == 2  # running → pending, queued → pending
+    assert {_status(runtime, i) for i in (held, sent, later)} == {ItemStatus.PENDING}
+    engine.dispatch(stopped)
+    again = engine.take(held)
+    assert isinstance(again, Continue) and again.taken.claims is not None
+
     # cancel: a queued run (pending items), and a running one with queued and running items
     waiting, _ = _run(runtime, "a", "b")
     assert runs.cancel(waiting, "default")

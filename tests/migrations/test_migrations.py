@@ -48,3 +48,64 @@ def test_upgrade_to_head_matches_models_then_downgrade(empty_database: str) -> N
 
     migrate.upgrade(empty_database)  # and up again
     assert _tables(empty_database) == TABLES
+
+
+def test_0004_keeps_existing_items_and_adds_their_metadata(empty_database: str) -> None:
+    from sqlalchemy import text
+
+    migrate.upgrade(empty_database, "0001")
+    engine = create_engine(empty_database)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO runs (id, project, model, scale, status, total_items, created_at) "
+                "VALUES ('r', 'default', 'local/lexical', 1, 'completed', 1, '2026-11-30')"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO items (run_id, idx, key, contexts, status, attempts, llm_calls, "
+                "prompt_tokens, completion_tokens, cost_usd, cache_hits) "
+                "VALUES ('r', 0, 'q1', '[]', 'succeeded', 1, 0, 0, 0, 0, 0)"
+            )
+        )
+    migrate.upgrade(empty_database)
+    with engine.connect() as conn:
+        assert conn.execute(text("SELECT key, metadata FROM items")).all() == [("q1", None)]
+    engine.dispose()
+    assert migrate.current_revision(empty_database) == "0004"
+
+
+def test_recallq_migrate_says_created_then_up_to_date_and_hides_the_password(
+    tmp_path: Path,
+) -> None:
+    import os
+    import subprocess
+    import sys
+
+    def recallq_migrate(url: str) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLQ_")}
+        return subprocess.run(
+            [sys.executable, "-m", "recallq.cli", "migrate"],
+            env={**env, "RECALLQ_DATABASE_URL": url},
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+
+    url = f"sqlite:///{tmp_path / 'm.db'}"
+    first = recallq_migrate(url)
+    assert first.returncode == 0 and "created the schema (revision 0004)" in first.stdout
+    migrate.downgrade(url, "0001")
+    upgraded = recallq_migrate(url)
+    assert "upgraded the schema from revision 0001 to 0004" in upgraded.stdout
+    again = recallq_migrate(url)
+    assert "the schema is up to date (revision 0004)" in again.stdout
+
+    with PostgresDatabase() as database:
+        missing = database.url.replace("postgres@", "postgres:hunter2@") + "_nothere"
+        failed = recallq_migrate(missing)
+    assert failed.returncode == 2
+    assert failed.stderr.count("\n") == 1 and "Traceback" not in failed.stderr
+    assert "hunter2" not in failed.stderr and "postgres:***@" in failed.stderr
+    assert "does not exist; create it first" in failed.stderr

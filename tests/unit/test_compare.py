@@ -41,11 +41,14 @@ def noisy_runs(n: int, true_difference: float, seed: int):  # type: ignore[no-un
     return runs(base, candidate)
 
 
-def test_result_has_exactly_the_contract_shape():
+def test_result_has_the_contract_shape_and_counts_of_flipped_claims():
     result = compare(*runs([0.5], [0.7]), scale=1)
-    assert set(result) == CONTRACT_KEYS
+    assert set(result) == CONTRACT_KEYS | {"claims_flipped"}
     assert set(result["unmatched"]) == {"base_only", "candidate_only", "unscored"}
-    assert set(compare(*runs([0.5], [0.7]), scale=1, by="topic")) == CONTRACT_KEYS | {"by_group"}
+    assert set(compare(*runs([0.5], [0.7]), scale=1, by="topic")) == CONTRACT_KEYS | {
+        "claims_flipped",
+        "by_group",
+    }
 
 
 def test_known_shift():
@@ -148,6 +151,16 @@ def test_flipped_claims():
     assert changes["q2"]["flipped"] == [
         {"claim": "Water boils at 100 C.", "base": "yes", "candidate": "no"}
     ]
+    counts = compare(base, candidate, scale=1, top=0)["claims_flipped"]
+    assert counts == {"no_to_yes": 1, "yes_to_no": 1}  # over every pair, not only those listed
+
+
+def test_unchanged_score_can_still_flip_claims():
+    base = [ItemScores("q", 0.5, {"a": "yes", "b": "no"})]
+    candidate = [ItemScores("q", 0.5, {"a": "no", "b": "yes"})]
+    result = compare(base, candidate, scale=1)
+    assert result["unchanged"] == 1 and result["largest_changes"] == []
+    assert result["claims_flipped"] == {"no_to_yes": 1, "yes_to_no": 1}
 
 
 def test_largest_changes_order_limit_and_rounding():

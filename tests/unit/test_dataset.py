@@ -175,7 +175,7 @@ def test_passage_object_without_text_names_item_and_keys():
     record = {"id": "q7", "reference": "g", "contexts": ["ok", {"title": "T", "body": "B"}]}
     message = error_of(normalise, record, 4)
     assert message == (
-        "item 4 (q7): context passage 1 has no 'text', 'page_content' and 'content' text "
+        "item 4 (q7): context passage 1 has no 'text', 'page_content' or 'content' text "
         "(its keys: 'body', 'title')"
     )
 
@@ -230,8 +230,62 @@ def test_mapping_to_unknown_field_is_an_error():
     message = error_of(normalise, {"gold": "g"}, 0, {"gold": "truth"})
     assert message == (
         "mapping gold=truth: 'truth' is not an item field; "
-        "map to one of id, input, output, ground_truth, context"
+        "map to one of id, input, output, ground_truth, context, to metadata or metadata.NAME "
+        "(kept as metadata), or to - (dropped)"
     )
+    assert "not an item field" in error_of(normalise, {"gold": "g"}, 0, {"gold": "metadata."})
+
+
+def test_deepeval_ideal_context_beside_the_retrieved_one():
+    """DeepEval's `context` is the ideal context: ambiguous beside `retrieval_context` until a
+    mapping sends it to metadata or drops it."""
+    record = {"input": "q", "context": ["ideal"], "retrieval_context": ["got"], "tag": "t"}
+    message = error_of(normalise, record, 0)
+    assert "fields 'context' and 'retrieval_context' both give 'context'" in message
+    assert "context=metadata keeps one as metadata, context=- drops it" in message
+    kept = normalise(record, 0, {"context": "metadata.ideal_context"})
+    assert kept == {
+        "input": "q",
+        "context": ["got"],
+        "metadata": {"tag": "t", "ideal_context": ["ideal"]},
+    }
+    assert normalise(record, 0, {"context": "metadata"})["metadata"]["context"] == ["ideal"]
+    assert normalise(record, 0, {"context": "-", "tag": "-"}) == {"input": "q", "context": ["got"]}
+
+
+def test_mapped_metadata_is_not_taken_for_a_typo():
+    assert normalise({"contxt": "x", "gold": "g"}, 0, {"contxt": "metadata"}) == {
+        "metadata": {"contxt": "x", "gold": "g"}
+    }
+
+
+def test_parse_mapping():
+    assert dataset.parse_mapping(["gold=ground_truth,ctx=metadata.ctx", "x=-"]) == {
+        "gold": "ground_truth",
+        "ctx": "metadata.ctx",
+        "x": "-",
+    }
+    assert dataset.parse_mapping([]) == {}
+
+
+@pytest.mark.parametrize(
+    ("texts", "fragment"),
+    [
+        (["reference"], "mapping 'reference': write SOURCE=TARGET"),
+        (["=ground_truth"], "write SOURCE=TARGET"),
+        (["a=ground_truth", "a=input"], "'a' is mapped twice (ground_truth and input)"),
+        (["a=b.c"], "mapping a=b.c: 'b.c' is not an item field"),
+    ],
+)
+def test_parse_mapping_errors(texts, fragment):
+    assert fragment in error_of(dataset.parse_mapping, texts)
+
+
+def test_csv_column_mapped_away_from_context(tmp_path):
+    path = write(tmp_path, "d.csv", "context,context_1,reference\nideal,got,g\n")
+    assert list(items_from(path, mapping={"context": "metadata.ideal"})) == [
+        {"ground_truth": "g", "context": ["got"], "metadata": {"ideal": "ideal"}}
+    ]
 
 
 @pytest.mark.parametrize(

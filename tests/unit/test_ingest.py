@@ -19,7 +19,7 @@ from recallq.ingest import (
 from recallq.migrate import upgrade
 from recallq.models import Item, Run
 from recallq.settings import Settings
-from recallq.store import ItemStore, RunStore
+from recallq.store import stores_for
 
 KNOWN = ["local/lexical"]
 MAX_ITEM = Settings().max_item_bytes
@@ -177,10 +177,33 @@ def test_item_row_rejects_non_objects(raw) -> None:
     assert info.value.message.startswith("item 4:")
 
 
-def test_item_row_rejects_unknown_fields() -> None:
+def test_item_row_reads_aliases_and_keeps_other_fields_as_metadata() -> None:
+    raw = {
+        "id": "a",
+        "question": "q",
+        "answer": "a",
+        "reference": "g",
+        "retrieved_contexts": [{"page_content": "p"}],
+        "category": "billing",
+    }
+    row, _ = item_row(raw, 2, STATIC)
+    assert (row["input"], row["output"], row["ground_truth"]) == ("q", "a", "g")
+    assert row["contexts"] == ["p"] and row["item_metadata"] == {"category": "billing"}
+
+
+def test_item_row_typo_of_a_field_gets_a_hint() -> None:
     with pytest.raises(SubmissionError) as info:
-        item_row({"id": "a", "question": "q", "answer": "a"}, 2, STATIC)
-    assert info.value.message == "item 2: unknown field(s) answer, question"
+        item_row({"id": "a", "ground_thruth": "g", "context": ["c"]}, 2, STATIC)
+    assert info.value.message == "item 2 (a): unknown field 'ground_thruth'; did you mean " + (
+        "'ground_truth'?"
+    )
+    assert (info.value.code, info.value.status) == ("invalid_request", 422)
+
+
+def test_item_row_ambiguous_fields_are_named() -> None:
+    with pytest.raises(SubmissionError) as info:
+        item_row({"context": ["ideal"], "retrieval_context": ["got"]}, 0, STATIC)
+    assert "fields 'context' and 'retrieval_context' both give 'context'" in info.value.message
 
 
 def test_item_row_full() -> None:
@@ -200,6 +223,7 @@ def test_item_row_full() -> None:
         "output": "1879",
         "ground_truth": "Einstein was born in 1879.",
         "contexts": ["Einstein was born on 14 March 1879."],
+        "item_metadata": None,
     }
 
 
@@ -250,9 +274,18 @@ def test_item_row_without_ground_truth_key() -> None:
 
 
 def test_item_context_wins_over_static_context() -> None:
-    row, resolvable = item_row({"context": ["own", "  ", {"doc": 1}]}, 0, STATIC)
-    assert row["contexts"] == ["own", '{"doc": 1}']
+    row, resolvable = item_row({"context": ["own", "  ", {"text": "doc"}]}, 0, STATIC)
+    assert row["contexts"] == ["own", "doc"]
     assert resolvable is True
+
+
+def test_item_passage_object_without_text_names_the_item_and_its_keys() -> None:
+    with pytest.raises(SubmissionError) as info:
+        item_row({"id": "q", "context": [{"doc": 1}]}, 0, STATIC)
+    assert info.value.message == (
+        "item 0 (q): context passage 0 has no 'text', 'page_content' or 'content' text "
+        "(its keys: 'doc')"
+    )
 
 
 def test_item_string_context_is_one_passage() -> None:
@@ -385,7 +418,7 @@ def stored_items(db: Database, run_id: str) -> list[Item]:
 
 def _create(db: Database, run_spec: RunSpec, items, settings: dict) -> str:
     config = Settings(**settings)
-    runs = RunStore(db, ItemStore(db, 600, 120, 256, 8), config.insert_batch_size)
+    _, runs = stores_for(db, config)
     with db.session() as session:
         return create_run(session, runs, run_spec, items, config).id
 
@@ -503,9 +536,9 @@ def test_agent_items_with_extractor_are_accepted(db) -> None:
 
 def test_bad_item_after_inserted_batches_leaves_nothing(db) -> None:
     settings = {"insert_batch_size": 1}
-    items = [{"id": "a"}, {"id": "b"}, {"id": "c", "bogus": 1}]
+    items = [{"id": "a"}, {"id": "b"}, {"id": "c", "contxt": ["x"]}]
     error = rejected(db, spec(context=["s"]), items, **settings)
-    assert error.message == "item 2: unknown field(s) bogus"
+    assert error.message == "item 2 (c): unknown field 'contxt'; did you mean 'context'?"
     assert counts(db) == (0, 0)
 
 

@@ -1,0 +1,95 @@
+"""`recallq.evaluate(data, ...)`: score a dataset in this process, as `recallq run` does.
+
+It needs no server, Redis, Celery or litellm (litellm is imported only when the judge is an
+LLM). Runs are stored where `recallq run` stores them: RECALLQ_DATABASE_URL, by default the
+SQLite file `recallq.db` in the working directory, so they can be listed, compared and gated
+from the CLI afterwards (`recallq runs`), and the claim cache makes a second evaluation of the
+same ground truths with an LLM judge cost one call per item instead of two. Pass
+`database_url=` to keep them elsewhere. The Result holds everything in memory.
+"""
+
+from __future__ import annotations
+
+import sys
+from os import PathLike
+from pathlib import Path
+from typing import Any
+
+from recallq.model_registry import LEXICAL
+from recallq.results import Result
+
+RUN_FIELDS = ("name", "scale", "context", "context_extractor", "retry_deadline_s")
+
+
+def evaluate(
+    data: Any,
+    model: str = LEXICAL,
+    *,
+    mapping: dict[str, str] | None = None,
+    progress: bool = True,
+    database_url: str | None = None,
+    concurrency: int | None = None,
+    **run_fields: Any,
+) -> Result:
+    """Score `data` in-process and return the Result.
+
+    `data` is a file path (JSONL, JSON array, CSV, or Parquet with pandas/pyarrow), a list of
+    dicts, or a pandas DataFrame, with recallq's field names or RAGAS's, DeepEval's and the
+    like (`reference`, `retrieved_contexts`, ...); other fields become each item's metadata.
+    `mapping` renames fields (`{"gold": "ground_truth"}`, `{"context": "metadata"}`).
+    `run_fields` are the run's: `name`, `scale`, `context` (static passages for every item),
+    `context_extractor` (for agent-shaped items).
+
+    Raises ValueError (recallq.dataset.DatasetError or recallq.ingest.SubmissionError) for
+    input it cannot use, before any judge call. On KeyboardInterrupt the run is kept, and
+    `recallq resume RUN` continues it.
+    """
+    from recallq import dataset, ingest, local, migrate, queries
+    from recallq.settings import Settings
+
+    unknown = set(run_fields) - set(RUN_FIELDS)
+    if unknown:
+        raise TypeError(
+            f"evaluate() got unknown run field(s) {', '.join(sorted(unknown))}; "
+            f"run fields are {', '.join(RUN_FIELDS)}"
+        )
+    settings = Settings() if database_url is None else Settings(database_url=database_url)
+    runtime, runner = local.local_runtime(
+        settings, concurrency or local.default_concurrency(settings, model)
+    )
+    try:
+        local.check_model(runtime, model)
+        name = run_fields.get("name")
+        if name is None and isinstance(data, str | PathLike):
+            name = Path(data).name
+        spec = ingest.build_spec(
+            model=model,
+            known_models=runtime.models,
+            name=name,
+            scale=run_fields.get("scale", 1),
+            context=run_fields.get("context"),
+            context_extractor=run_fields.get("context_extractor"),
+            retry_deadline_s=run_fields.get("retry_deadline_s"),
+            default_retry_deadline=settings.retry_deadline,
+        )
+        migrate.upgrade(settings.database_url)
+        run_id = local.create_run(runtime, spec, dataset.items_from(data, mapping=mapping))
+        if model != LEXICAL:
+            from recallq import patches
+
+            patches.prepare_litellm()
+        try:
+            view = local.process(runtime, runner, run_id, progress=progress)
+        except KeyboardInterrupt:
+            print(
+                f"recallq: interrupted; run {run_id} is kept: `recallq resume {run_id}` "
+                "continues it",
+                file=sys.stderr,
+            )
+            raise
+        with runtime.database.session() as session:
+            items = list(queries.iter_results(session, run_id))
+        return Result(view, items)
+    finally:
+        runner.stop(wait=False)
+        runtime.close()

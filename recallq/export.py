@@ -1,0 +1,107 @@
+"""Results as files: JSONL (an item per line, with its claims), CSV (a row per item) and
+claims CSV (a row per claim). One code path for `recallq results`, `recallq run --out`, the
+API's `/results` and the Python API's data frames."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+FORMATS = ("jsonl", "csv", "claims.csv")
+
+ITEM_COLUMNS = [
+    "id",
+    "index",
+    "status",
+    "score",
+    "claims_total",
+    "claims_attributed",
+    "attempts",
+    "reason",
+    "error",
+    "claims",
+    # present unless the results were read without item data
+    "input",
+    "output",
+    "ground_truth",
+    "context",
+    "metadata",
+]
+CLAIM_COLUMNS = [
+    "id",
+    "index",
+    "claim_index",
+    "text",
+    "verdict",
+    "context_indices",
+    "reason",
+]
+MEDIA_TYPES = {"jsonl": "application/x-ndjson", "csv": "text/csv", "claims.csv": "text/csv"}
+
+
+def format_for(path: Path) -> str:
+    """The format a file name asks for: `*.claims.csv` claims CSV, `*.csv` CSV, else JSONL."""
+    name = path.name.lower()
+    if name.endswith("claims.csv"):
+        return "claims.csv"
+    return "csv" if name.endswith(".csv") else "jsonl"
+
+
+def claim_rows(results: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """One row per claim, with its item's id and index (CLAIM_COLUMNS)."""
+    for result in results:
+        for claim in result["claims"]:
+            yield {
+                "id": result["id"],
+                "index": result["index"],
+                "claim_index": claim["index"],
+                "text": claim["text"],
+                "verdict": claim["verdict"],
+                "context_indices": claim["context_indices"],
+                "reason": claim["reason"],
+            }
+
+
+def lines(results: Iterable[dict[str, Any]], format: str) -> Iterator[str]:
+    """The text of `results` in `format`, a line (or CSV row) at a time."""
+    if format == "jsonl":
+        for result in results:
+            yield json.dumps(result, ensure_ascii=False) + "\n"
+    elif format == "csv":
+        yield from _csv(results, ITEM_COLUMNS)
+    elif format == "claims.csv":
+        yield from _csv(claim_rows(results), CLAIM_COLUMNS)
+    else:
+        raise ValueError(f"unknown format {format!r}; use one of {', '.join(FORMATS)}")
+
+
+def write(results: Iterable[dict[str, Any]], format: str, out: TextIO) -> int:
+    """Write `results` to `out`; returns how many lines (rows, header included, for CSV)."""
+    count = 0
+    for line in lines(results, format):
+        out.write(line)
+        count += 1
+    return count
+
+
+def _cell(value: Any) -> Any:
+    """Strings and numbers as they are; lists, objects and the like as JSON."""
+    if value is None or isinstance(value, str | int | float):
+        return value
+    return json.dumps(value, ensure_ascii=False)
+
+
+def _csv(rows: Iterable[dict[str, Any]], columns: list[str]) -> Iterator[str]:
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+        writer.writerow({key: _cell(value) for key, value in row.items()})
+        yield buffer.getvalue()
+        buffer.seek(0)
+        buffer.truncate()
+    yield buffer.getvalue()

@@ -1,0 +1,59 @@
+"""Slicing a run by a metadata field (``--by category``): pure, no I/O.
+
+An item's group is the value of one field of its metadata: a string as it is, any other value
+as JSON text (so ``3`` and ``"3"`` are different groups, and every group name is a string),
+and :data:`MISSING_GROUP` when the item's metadata lacks the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+MISSING_GROUP = "(missing)"
+_DECIMALS = 4
+
+
+def group_value(metadata: Mapping[str, Any] | None, by: str) -> str | None:
+    """The group an item's metadata puts it in, or None when it lacks the field."""
+    if not metadata or by not in metadata:
+        return None
+    value = metadata[by]
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class GroupedItem:
+    """What a group summary needs of one item."""
+
+    status: str
+    score: float | None
+    metadata: Mapping[str, Any] | None
+
+
+def summarise_groups(items: Iterable[GroupedItem], by: str) -> dict[str, dict[str, Any]]:
+    """Per group, in name order: ``items``, ``scored_items``, ``failed`` and ``mean_score`` (of
+    the scored items, rounded to 4 decimals; None when none was scored)."""
+    groups: dict[str, dict[str, Any]] = {}
+    scores: dict[str, list[float]] = {}
+    for item in items:
+        name = group_value(item.metadata, by) or MISSING_GROUP
+        group = groups.setdefault(name, {"items": 0, "scored_items": 0, "failed": 0})
+        group["items"] += 1
+        if item.status == "succeeded" and item.score is not None:
+            group["scored_items"] += 1
+            scores.setdefault(name, []).append(item.score)
+        elif item.status == "failed":
+            group["failed"] += 1
+    return {
+        name: {**groups[name], "mean_score": _mean(scores.get(name, []))} for name in sorted(groups)
+    }
+
+
+def _mean(values: list[float]) -> float | None:
+    if not values:
+        return None
+    return round(math.fsum(values) / len(values), _DECIMALS) + 0.0

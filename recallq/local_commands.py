@@ -1,0 +1,253 @@
+"""The CLI's local runs: `recallq run FILE`, and `recallq resume|retry RUN` without an API.
+
+One process scores the run (SQLite by default, an in-process runner), prints a summary and
+exits with the code of recallq.gates. Ctrl-C stops it cleanly: the run stays resumable, the
+command to resume it is printed, and the exit code is 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+from typing import Any, TextIO
+
+from recallq import display, gates
+from recallq.db import Database
+from recallq.display import database_label
+from recallq.gates import CommandError, Exit
+from recallq.local import LocalRunner
+from recallq.runtime import Runtime
+from recallq.settings import Settings
+
+#: After Ctrl-C, how long the items already in flight get to finish (and be stored, so a
+#: resume does not pay for them again) before they are abandoned.
+INTERRUPT_GRACE_SECONDS = 5.0
+
+
+def report(
+    view: dict[str, Any],
+    gate: gates.Gate,
+    out: TextIO,
+    *,
+    by: str | None = None,
+    groups: dict[str, dict[str, Any]] | None = None,
+    footer: list[str] | None = None,
+) -> Exit:
+    """Print a finished run's summary and gate verdict; returns the exit code."""
+    print("", file=out)
+    for line in display.summary_lines(view, by=by, groups=groups):
+        print(line, file=out)
+    for line in footer or []:
+        print(line, file=out)
+    code, reasons = gates.exit_code(view, gate)
+    for reason in reasons:
+        print(f"recallq: {reason}", file=sys.stderr)
+    if code == Exit.OK and (gate.min_score is not None or gate.max_failed is not None):
+        print(gates.passed_line(view, gate), file=out)
+    return code
+
+
+def run(args: argparse.Namespace) -> int:
+    """`recallq run FILE`: score a file in this process; the same command again resumes."""
+    from recallq import dataset, ingest, local, migrate
+    from recallq.model_registry import LEXICAL
+
+    mapping = dataset.parse_mapping(args.map or [])
+    if args.format and not args.out:
+        raise CommandError("--format is the format of --out: give --out FILE too")
+    if not args.file.exists():
+        raise CommandError(f"no such file: {args.file}")
+    if args.file.is_dir():
+        raise CommandError(f"{args.file} is a directory, not a dataset file")
+    settings = Settings()
+    model = args.model or settings.default_model
+    concurrency = args.concurrency or local.default_concurrency(settings, model)
+    runtime, runner = local.local_runtime(settings, concurrency)
+    try:
+        local.check_model(runtime, model)
+        spec = ingest.build_spec(
+            model=model,
+            default_model=settings.default_model,
+            default_retry_deadline=settings.retry_deadline,
+            known_models=runtime.models,
+            name=args.name or args.file.name,
+            scale=args.scale,
+            context=args.context,
+            context_extractor=args.context_extractor,
+        )
+        migrate.upgrade(settings.database_url)
+        opened = local.open_file_run(runtime, args.file, spec, mapping, fresh=args.fresh)
+        if opened.note:
+            print(f"recallq: {opened.note}", file=sys.stderr)
+        if opened.how == "resumed":
+            print(
+                f"recallq: resuming run {opened.run_id} ({opened.resent} items sent again; "
+                "--fresh starts over)",
+                file=sys.stderr,
+            )
+        elif opened.how == "finished":
+            print(
+                f"recallq: this file was scored already in run {opened.run_id}; showing it "
+                "(--fresh scores it again)",
+                file=sys.stderr,
+            )
+        if model != LEXICAL:
+            from recallq import patches
+
+            patches.prepare_litellm()
+        argv = getattr(args, "argv", None) or sys.argv[1:]
+        return _score(runtime, runner, opened.run_id, args, resume_argv=argv)
+    finally:
+        runner.stop(wait=False)
+        runtime.close()
+
+
+def open_local_database(settings: Settings) -> Database:
+    """The local database the client commands read when no API is configured. A missing SQLite
+    file is an error (reading must not create one); a SQLite file from an older recallq is
+    upgraded, as `recallq run` would (a Postgres database is left to `recallq migrate`)."""
+    from recallq import migrate
+    from recallq.db import is_sqlite
+
+    url = settings.database_url
+    if is_sqlite(url):
+        path = url.removeprefix("sqlite:///")
+        if url.startswith("sqlite:///") and not Path(path).exists():
+            raise CommandError(
+                f"no local runs: {Path(path).resolve()} does not exist (`recallq run FILE` "
+                "makes it; for a service pass --api URL or set RECALLQ_API_URL)"
+            )
+        migrate.upgrade(url)
+    return Database(url)
+
+
+def continue_run(args: argparse.Namespace, settings: Settings, action: str) -> int:
+    """`recallq resume RUN` / `recallq retry RUN` on the local database: send the run's
+    unended (resume) or failed (retry) items again, and score them here."""
+    from recallq import local
+    from recallq.model_registry import LEXICAL
+    from recallq.models import Run
+    from recallq.status import RunStatus
+    from recallq.store import RunCancelledError
+
+    database = open_local_database(settings)
+    try:
+        with database.session() as session:
+            found = session.get(Run, args.run_id)
+            if found is None:
+                raise CommandError(_not_found(args.run_id, settings))
+            model, status = found.model, found.status
+    finally:
+        database.dispose()
+    if status == RunStatus.CANCELLED:
+        raise CommandError(f"run {args.run_id} was cancelled: it cannot be {action}d")
+    concurrency = args.concurrency or local.default_concurrency(settings, model)
+    runtime, runner = local.local_runtime(settings, concurrency)
+    try:
+        local.check_model(runtime, model)
+        # Either way the run's unended items go back to the queue: no other process scores a
+        # local run, so items left queued or running by an interrupted one would never end.
+        resent = runtime.runs.resume(args.run_id, "default")
+        if action == "retry":
+            try:
+                failed = runtime.runs.retry_failed(args.run_id, "default")
+            except RunCancelledError as exc:
+                raise CommandError(str(exc)) from None
+            what = f"{failed} failed items sent again" + (
+                f", and {resent} unended ones" if resent else ""
+            )
+        else:
+            what = f"{resent} unended items sent again"
+        print(f"recallq: {action} run {args.run_id}: {what}", file=sys.stderr)
+        if model != LEXICAL:
+            from recallq import patches
+
+            patches.prepare_litellm()
+        return _score(runtime, runner, args.run_id, args, resume_argv=None)
+    finally:
+        runner.stop(wait=False)
+        runtime.close()
+
+
+def _not_found(run_id: str, settings: Settings) -> str:
+    return (
+        f"run {run_id} not found in the local database {database_label(settings.database_url)} "
+        "(a run of a service: pass --api URL or set RECALLQ_API_URL)"
+    )
+
+
+def _score(
+    runtime: Runtime,
+    runner: LocalRunner,
+    run_id: str,
+    args: argparse.Namespace,
+    resume_argv: list[str] | None,
+) -> int:
+    from recallq import local
+
+    try:
+        view = local.process(runtime, runner, run_id, progress=not args.quiet)
+    except KeyboardInterrupt:
+        return _interrupted(runtime, runner, run_id, resume_argv)
+    out = getattr(args, "out", None)
+    footer = [f"\nresults: {database_label(runtime.database.url)} (run {run_id})"]
+    if out is not None:
+        local.write_results(runtime, run_id, out, getattr(args, "format", None))
+        footer.append(f"per-item results with claims: {out}")
+    by = getattr(args, "by", None)
+    groups = None
+    if by:
+        from recallq import queries
+
+        with runtime.database.session() as session:
+            groups = queries.group_summary(session, run_id, by)
+    return report(view, gates.Gate.of(args), sys.stdout, by=by, groups=groups, footer=footer)
+
+
+def _interrupted(
+    runtime: Runtime, runner: LocalRunner, run_id: str, resume_argv: list[str] | None
+) -> int:
+    """Ctrl-C: the runner takes no more work; items in flight get a short grace to finish
+    (a second Ctrl-C abandons them); the run stays as it is, and the way to resume is
+    printed. Abandoned items are sent again on resume."""
+    from recallq import local
+
+    print("\nrecallq: interrupted", file=sys.stderr)
+    left = runner.in_flight
+    if left:
+        print(
+            f"recallq: waiting up to {INTERRUPT_GRACE_SECONDS:g} s for {left} item(s) in flight "
+            "(Ctrl-C again to abandon them)",
+            file=sys.stderr,
+        )
+        try:
+            left = runner.wait_for_in_flight(INTERRUPT_GRACE_SECONDS)
+        except KeyboardInterrupt:
+            left = runner.in_flight
+    if left:
+        print(
+            f"recallq: {left} item(s) in flight abandoned: a resume sends them again",
+            file=sys.stderr,
+        )
+    try:
+        counts = local.run_view(runtime, run_id, details=False)["counts"]
+        done = counts["succeeded"] + counts["failed"]
+        progress = f": {done} of {counts['total']} items done, and not sent again"
+    except Exception:  # noqa: BLE001  (the message below matters more than the counts)
+        progress = ""
+    print(f"recallq: run {run_id} is kept{progress}", file=sys.stderr)
+    if resume_argv is not None:
+        argv = [arg for arg in resume_argv if arg != "--fresh"]
+        print(f"recallq: resume with: {shlex.join(['recallq', *argv])}", file=sys.stderr)
+    print(f"recallq:          or: recallq resume {run_id}", file=sys.stderr)
+    if left:
+        # Pool threads still inside a judge call would hold the interpreter's exit until the
+        # call returns (up to the request timeout, retries included). Their items are
+        # `running` in the database, which a resume sends again; SQLite survives the exit.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(Exit.INTERRUPTED)
+    return Exit.INTERRUPTED

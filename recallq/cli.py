@@ -20,6 +20,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if not args.file.exists():
         print(f"recallq: no such file: {args.file}", file=sys.stderr)
         return 2
+    if args.batch:
+        print(f"recallq: {LOCAL_BATCH_REFUSED}", file=sys.stderr)
+        return 2
     settings = Settings()
     model = args.model or settings.default_model
     concurrency = args.concurrency or local.default_concurrency(settings, model)
@@ -53,6 +56,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     local.print_summary(runtime, view, run_id, args.out, sys.stdout)
     runtime.close()
     return 0
+
+
+LOCAL_BATCH_REFUSED = (
+    "--batch needs the service: a provider batch can take up to 24 hours, and a worker polls "
+    "it (`recallq api` and `recallq worker` on Postgres and Redis; then "
+    "`recallq submit FILE --model M --batch`). Local mode makes online calls only."
+)
 
 
 def cmd_api(args: argparse.Namespace) -> int:
@@ -177,6 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--name", help="run name (default: the file's name)")
     run.add_argument("--concurrency", type=int, help="judge calls in flight (threads)")
     run.add_argument("--quiet", action="store_true", help="no progress bar")
+    run.add_argument("--batch", action="store_true", help="refused: batch mode needs the service")
     _add_context_options(run, parse=True)
     run.set_defaults(func=cmd_run)
 
@@ -210,6 +221,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--scale", type=float)
             p.add_argument("--name")
             p.add_argument("--wait", action="store_true", help="poll until the run ends")
+            p.add_argument(
+                "--batch",
+                action="store_true",
+                help="through the provider's Batch API (a model marked `batch: true`): half "
+                "the price, results within 24 h",
+            )
             _add_context_options(p, parse=False)
         else:
             p.add_argument("run_id")

@@ -63,6 +63,8 @@ def submit(args: argparse.Namespace) -> int:
     fields = ("model", "scale", "name", "context", "context_extractor")
     params = {k: v for k in fields if (v := getattr(args, k)) is not None}
     params.setdefault("name", args.file.name)
+    if getattr(args, "batch", False):
+        params["mode"] = "batch"
     size = args.file.stat().st_size
     with tqdm(total=size, unit="B", unit_scale=True, desc="upload", file=sys.stderr) as bar:
         response = httpx.post(
@@ -84,10 +86,11 @@ def submit(args: argparse.Namespace) -> int:
 def _wait(api: str, run_id: str) -> int:
     while True:
         run = httpx.get(f"{api}/v1/runs/{run_id}", timeout=30).json()
-        counts = run["counts"]
+        counts, lane = run["counts"], run.get("batch")
+        batches = f", {lane['batches_pending']} provider batch(es) pending" if lane else ""
         print(
             f"\r{run['status']}: {counts['succeeded']} scored, {counts['failed']} failed, "
-            f"{counts['pending'] + counts['running']} to go",
+            f"{counts['pending'] + counts['running']} to go{batches}",
             end="",
             file=sys.stderr,
         )

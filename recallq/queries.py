@@ -12,6 +12,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from recallq.batch_store import run_lane_view
 from recallq.models import Claim, Item, Run
 from recallq.status import ItemStatus, public_item_status, stored_item_statuses
 
@@ -21,6 +22,7 @@ def _iso(value: Any) -> str | None:
 
 
 def run_view(session: Session, run: Run) -> dict[str, Any]:
+    view: dict[str, Any]
     # one scan of the run's items for counts, summary and usage (a 100k-item run is read
     # by every status poll)
     statuses = list(ItemStatus)
@@ -44,12 +46,13 @@ def run_view(session: Session, run: Run) -> dict[str, Any]:
     counts = dict(zip(statuses, row[: len(statuses)], strict=True))
     mean, scored, claims_total, claims_attributed, *spent = row[len(statuses) :]
     calls, prompt, completion, cost, hits, attempts, failed_calls, deferrals = spent
-    return {
+    view = {
         "id": run.id,
         "name": run.name,
         "status": run.status,
         "model": run.model,
         "scale": run.scale,
+        "mode": run.mode,
         "created_at": _iso(run.created_at),
         "started_at": _iso(run.started_at),
         "finished_at": _iso(run.finished_at),
@@ -57,7 +60,7 @@ def run_view(session: Session, run: Run) -> dict[str, Any]:
         "counts": {
             "total": run.total_items,
             "pending": counts[ItemStatus.PENDING] + counts[ItemStatus.QUEUED],
-            "running": counts[ItemStatus.RUNNING],
+            "running": counts[ItemStatus.RUNNING] + counts[ItemStatus.BATCHED],
             "succeeded": counts[ItemStatus.SUCCEEDED],
             "failed": counts[ItemStatus.FAILED],
             "cancelled": counts[ItemStatus.CANCELLED],
@@ -79,6 +82,11 @@ def run_view(session: Session, run: Run) -> dict[str, Any]:
             "deferrals": int(deferrals),
         },
     }
+    # the provider batch lane: usage by lane and stage (additive), and a batch run's progress
+    lane = run_lane_view(session, run, view["usage"])
+    view["usage"].update(lane["usage"])
+    view["batch"] = lane["batch"]
+    return view
 
 
 def item_view(item: Item, claims: list[Claim]) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from recallq import migrate
 from recallq.models import Base
 from tests.services import PostgresDatabase
 
-TABLES = {"runs", "items", "claims", "claim_cache"}
+TABLES = {"runs", "items", "claims", "claim_cache", "provider_batches", "batch_lines"}
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])

@@ -4,6 +4,9 @@
     output / error file ──parse_results()──► {custom_id: Answer | LineFailure}
     a request and its result ──decide()──► what happens to the item next
 
+It also names what the lane needs of a provider (BatchAPI, BatchInfo: recallq.judge.batch_api
+implements them through litellm) and prices batch requests (Price, batch_price).
+
 `decide` applies the online engine's rules (recallq.engine) to one answer, so a batch-mode run
 scores exactly as an online one: a malformed answer is asked again once with a repair
 instruction, claims left without a verdict are asked again once, verdicts are matched by

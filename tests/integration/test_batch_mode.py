@@ -213,7 +213,7 @@ def test_a_2000_item_batch_run_scores_as_online_at_the_batch_price(
     assert batch["batch"]["failed"] == 0 and batch["batch"]["batches_pending"] == 0
     sizes = [b["request_counts"]["total"] for b in provider.batches()]
     assert sizes == [len(extracted), len(attributed), len(asked_again)]
-    print(f"\n2,000-item batch run: {took:.1f} s; online run: {len(online_results)} items")
+    print(f"\n2,000-item batch run: {took:.1f} s, usage {json.dumps(batch['usage'])}")
 
 
 def test_a_killed_worker_and_a_restarted_redis_lose_nothing_and_send_nothing_twice(

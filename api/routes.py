@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session
 from api.auth import current_project
 from api.body import blocking_lines, read_body
 from api.errors import ApiError, not_found
-from recallq import export, ingest, queries
+from recallq import export, ingest, model_registry, queries
 from recallq.models import Run
 from recallq.runtime import Runtime
 from recallq.store import RunCancelledError, RunNotFound
@@ -26,7 +26,16 @@ log = logging.getLogger(__name__)
 router = APIRouter()
 Project = Annotated[str, Depends(current_project)]
 NDJSON = "application/x-ndjson"
-RUN_FIELDS = {"name", "model", "scale", "context", "context_extractor", "retry_deadline_s", "items"}
+RUN_FIELDS = {
+    "name",
+    "model",
+    "scale",
+    "mode",
+    "context",
+    "context_extractor",
+    "retry_deadline_s",
+    "items",
+}
 
 
 def _runtime(request: Request) -> Runtime:
@@ -87,9 +96,11 @@ async def create_run(
     context: str | None = Query(None, description="JSON list of static context passages"),
     context_extractor: str | None = Query(None, description="JSON extractor spec"),
     retry_deadline_s: float | None = None,
+    mode: Literal["online", "batch"] | None = None,
 ) -> JSONResponse:
     settings = runtime.settings
     known = runtime.models
+    batch_models = model_registry.batch_models(known)
     content_type = request.headers.get("content-type", "").split(";")[0].strip()
     if content_type == NDJSON:
         spec = ingest.build_spec(
@@ -104,6 +115,8 @@ async def create_run(
             idempotency_key=idempotency_key,
             retry_deadline_s=retry_deadline_s,
             default_retry_deadline=settings.retry_deadline,
+            mode=mode,
+            batch_models=batch_models,
         )
         lines = blocking_lines(request.stream(), settings.max_body_bytes, settings.max_item_bytes)
         items: Any = ingest.parse_ndjson_lines(lines, settings.max_item_bytes)
@@ -132,6 +145,8 @@ async def create_run(
             idempotency_key=idempotency_key,
             retry_deadline_s=payload.get("retry_deadline_s"),
             default_retry_deadline=settings.retry_deadline,
+            mode=payload.get("mode"),
+            batch_models=batch_models,
         )
         items = payload["items"]
         if len(body) > settings.max_item_bytes:  # else no item can be over the limit

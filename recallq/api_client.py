@@ -86,6 +86,8 @@ class Client:
         mapping: dict[str, str] | None = None,
         idempotency_key: str | None = None,
         progress: bool = False,
+        mode: str | None = None,
+        retry_deadline_s: float | None = None,
     ) -> Run:
         """Send a dataset as a new run; returns it as soon as the API stored it.
 
@@ -101,7 +103,13 @@ class Client:
 
         if name is None and isinstance(data, str | PathLike):
             name = Path(data).name
-        params: dict[str, Any] = {"model": model, "name": name, "scale": scale}
+        params: dict[str, Any] = {
+            "model": model,
+            "name": name,
+            "scale": scale,
+            "mode": mode,
+            "retry_deadline_s": retry_deadline_s,
+        }
         if context is not None:
             params["context"] = json.dumps(context)
         if context_extractor is not None:

@@ -20,7 +20,17 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 def cmd_run(args: argparse.Namespace) -> int:
     from recallq import local_commands
 
+    if args.batch:
+        print(f"recallq: {LOCAL_BATCH_REFUSED}", file=sys.stderr)
+        return 2
     return local_commands.run(args)
+
+
+LOCAL_BATCH_REFUSED = (
+    "--batch needs the service: a provider batch can take up to 24 hours, and a worker polls "
+    "it (`recallq api` and `recallq worker` on Postgres and Redis; then "
+    "`recallq submit FILE --model M --batch`). Local mode makes online calls only."
+)
 
 
 def cmd_api(args: argparse.Namespace) -> int:
@@ -172,6 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--fresh", action="store_true", help="start over instead of resuming this file's run"
     )
     run.add_argument("--by", metavar="FIELD", help="summary per value of this metadata field")
+    run.add_argument("--batch", action="store_true", help="refused: batch mode needs the service")
     _add_gate(run)
     run.set_defaults(func=cmd_run)
 
@@ -195,6 +206,12 @@ def build_parser() -> argparse.ArgumentParser:
     submit.add_argument("--scale", type=float, help="scores run from 0 to this (default 1)")
     submit.add_argument(
         "--wait", action="store_true", help="wait for the run to end; exit as `recallq run`"
+    )
+    submit.add_argument(
+        "--batch",
+        action="store_true",
+        help="through the provider's Batch API (a model marked `batch: true`): about half the "
+        "price, results within 24 h",
     )
     _add_gate(submit)
     _add_api(submit)

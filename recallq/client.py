@@ -174,6 +174,7 @@ def submit(args: argparse.Namespace) -> int:
             context_extractor=args.context_extractor,
             mapping=mapping,
             progress=not args.quiet,
+            mode="batch" if args.batch else None,
         )
         if not args.wait:
             print(run.id)

@@ -57,6 +57,9 @@ def progress_line(view: dict[str, Any], now: datetime | None = None) -> str:
         f"{view['status']}: {counts['succeeded']} scored, {counts['failed']} failed, "
         f"{counts['pending'] + counts['running']} to go"
     )
+    lane = view.get("batch")
+    if lane and lane.get("batches_pending"):
+        line += f", {lane['batches_pending']} provider batch(es) pending"
     pause = paused(view, now)
     return f"{line}; {pause}" if pause else line
 

@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 from recallq import context as ctx
 from recallq import dataset, scoring
 from recallq.model_registry import LEXICAL
-from recallq.models import Run
+from recallq.models import Run, RunMode
 from recallq.settings import DEFAULT_RETRY_DEADLINE, Settings
 from recallq.store import RunStore
 
@@ -47,6 +47,7 @@ class RunSpec:
     project: str = "default"
     idempotency_key: str | None = None
     retry_deadline_s: float = DEFAULT_RETRY_DEADLINE
+    mode: str = RunMode.ONLINE
 
 
 def require_known_model(model: str, known_models: Iterable[str]) -> str:
@@ -73,8 +74,13 @@ def build_spec(
     idempotency_key: str | None = None,
     retry_deadline_s: Any = None,
     default_retry_deadline: float = DEFAULT_RETRY_DEADLINE,
+    mode: Any = None,
+    batch_models: Iterable[str] = (),
 ) -> RunSpec:
+    """A checked run spec. `batch_models` are the models whose provider Batch API may be
+    used: a batch-mode run of another model is refused."""
     model = require_known_model(model or default_model, known_models)
+    run_mode = _mode(mode, model, batch_models)
     try:
         scale = scoring.validate_scale(scale)
         extractor = ctx.validate_extractor(context_extractor)
@@ -94,7 +100,25 @@ def build_spec(
         project=project,
         idempotency_key=idempotency_key,
         retry_deadline_s=deadline,
+        mode=run_mode,
     )
+
+
+def _mode(value: Any, model: str, batch_models: Iterable[str]) -> RunMode:
+    """`online` (default) or `batch`; batch only for a model the models file marks `batch:
+    true` (its provider's Batch API is what the lane calls)."""
+    if value is None:
+        return RunMode.ONLINE
+    if value not in tuple(RunMode):
+        raise SubmissionError('mode must be "online" or "batch"')
+    if value == RunMode.BATCH and model not in set(batch_models):
+        capable = ", ".join(sorted(batch_models)) or "none"
+        raise SubmissionError(
+            f"model {model!r} cannot run in batch mode: the models file does not mark it "
+            f"`batch: true` (models that can: {capable})",
+            code="batch_not_supported",
+        )
+    return RunMode(value)
 
 
 def _retry_deadline(value: Any, default: float) -> float:
@@ -165,6 +189,7 @@ def check_same_submission(run: Run, spec: RunSpec, items: Iterable[Any]) -> None
         "context": (run.context, spec.context),
         "context_extractor": (run.context_extractor, spec.context_extractor),
         "retry_deadline_s": (run.retry_deadline_s, spec.retry_deadline_s),
+        "mode": (run.mode, spec.mode),
     }
     differs = [name for name, (stored, sent) in fields.items() if stored != sent]
     if not differs and sum(1 for _ in items) != run.total_items:
@@ -191,6 +216,7 @@ def create_run(
         context_extractor=spec.context_extractor,
         idempotency_key=spec.idempotency_key,
         retry_deadline_s=spec.retry_deadline_s,
+        mode=spec.mode,
     )
     rows = _ItemRows(items, spec, settings.max_items_per_run)
     try:

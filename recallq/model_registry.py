@@ -7,6 +7,7 @@ endpoints and keys never leave this module's callers.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,11 @@ class ModelConfig:
     tpm: int | None = None
     # ground truths per extraction call, at most RECALLQ_EXTRACTION_PACK (None: that setting)
     extraction_pack: int | None = None
+    #: the provider's Batch API may be used (runs with "mode": "batch"; recallq.batch_lane)
+    batch: bool = False
+    #: share of the online price a batch request saves (None: litellm's batch price when its
+    #: price map has one, else 0.5)
+    batch_discount: float | None = None
 
     def resolved_params(self) -> dict[str, Any]:
         """litellm params with `os.environ/NAME` values replaced by the variable's value; an
@@ -69,5 +75,23 @@ def load_models(path: Path | None) -> dict[str, ModelConfig]:
             rpm=entry.get("rpm"),
             tpm=entry.get("tpm"),
             extraction_pack=pack,
+            **_batch_fields(entry),
         )
     return models
+
+
+def _batch_fields(entry: dict[str, Any]) -> dict[str, Any]:
+    """`batch: true` and `batch_discount` (a share between 0 and 1) of a models file entry."""
+    name, batch, discount = entry["name"], entry.get("batch", False), entry.get("batch_discount")
+    if not isinstance(batch, bool):
+        raise ModelRegistryError(f"model {name}: batch must be true or false")
+    if discount is not None and (
+        isinstance(discount, bool) or not isinstance(discount, int | float) or not 0 <= discount < 1
+    ):
+        raise ModelRegistryError(f"model {name}: batch_discount must be a number from 0 to 1")
+    return {"batch": batch, "batch_discount": None if discount is None else float(discount)}
+
+
+def batch_models(models: Mapping[str, ModelConfig]) -> list[str]:
+    """The names of the models whose provider Batch API may be used."""
+    return sorted(name for name, model in models.items() if model.batch)

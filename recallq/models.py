@@ -1,13 +1,16 @@
-"""Tables: runs, their items, and one row per extracted claim with its verdict."""
+"""Tables: runs, their items, and one row per extracted claim with its verdict; the provider
+batches of batch-mode runs and their request lines."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from enum import StrEnum
 from typing import Any
 
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -38,6 +41,15 @@ class Base(DeclarativeBase):
     type_annotation_map = {datetime: DateTime(timezone=True), dict[str, Any]: JSON}
 
 
+class RunMode(StrEnum):
+    """How a run's judge calls reach the provider."""
+
+    #: One chat-completion call at a time, by the workers' stages (recallq.engine).
+    ONLINE = "online"
+    #: Through the provider's Batch API, by the provider batch lane (recallq.batch_lane).
+    BATCH = "batch"
+
+
 class Run(Base):
     __tablename__ = "runs"
     __table_args__ = (
@@ -58,6 +70,7 @@ class Run(Base):
     total_items: Mapped[int] = mapped_column(Integer, default=0)
     # how long an item may wait out a provider incident before it fails (None: the setting)
     retry_deadline_s: Mapped[float | None] = mapped_column(Float)
+    mode: Mapped[str] = mapped_column(String(8), default=RunMode.ONLINE, server_default="online")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
@@ -127,4 +140,74 @@ class ClaimCache(Base):
 
     key: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 hex
     claims: Mapped[list[str]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+# --- the provider batch lane (recallq.batch_lane) ------------------------------------------
+
+
+class ProviderBatch(Base):
+    """One provider batch of a batch-mode run: our id (sent to the provider as metadata, so a
+    batch created by a call whose answer was lost is found again), the state of its way
+    through the provider (recallq.batch_store.BatchState) and the provider's ids."""
+
+    __tablename__ = "provider_batches"
+    __table_args__ = (Index("ix_provider_batches_state", "state"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    # SET NULL, not CASCADE: a deleted run's batch still has to be cancelled at the provider
+    run_id: Mapped[str | None] = mapped_column(
+        ForeignKey("runs.id", ondelete="SET NULL"), index=True
+    )
+    model: Mapped[str] = mapped_column(String(200))
+    stage: Mapped[str] = mapped_column(String(16))  # extraction | attribution
+    state: Mapped[str] = mapped_column(String(16))
+    provider_status: Mapped[str | None] = mapped_column(String(32))
+    provider_batch_id: Mapped[str | None] = mapped_column(String(200))
+    input_file_id: Mapped[str | None] = mapped_column(String(200))
+    output_file_id: Mapped[str | None] = mapped_column(String(200))
+    error_file_id: Mapped[str | None] = mapped_column(String(200))
+    requests: Mapped[int] = mapped_column(Integer, default=0)
+    bytes: Mapped[int] = mapped_column(BigInteger, default=0)
+    completed: Mapped[int] = mapped_column(Integer, default=0)  # as the provider counts them
+    failed: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text)
+    # since when sending it fails for a transient reason (its items' retry deadline runs)
+    waiting_since: Mapped[datetime | None]
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    creating_at: Mapped[datetime | None]  # when the create call may have gone out
+    submitted_at: Mapped[datetime | None]
+    finished_at: Mapped[datetime | None]
+
+
+class BatchLine(Base):
+    """One request of the batch lane: an item's extraction or attribution call. It is `ready`
+    until a batch takes it, `sent` while in one, then `answered`, `failed` or `dropped`; a
+    request that must go again (a failed line, a repair, a re-ask) is a new line, so a
+    custom_id (`rq-<id>`) is never sent twice."""
+
+    __tablename__ = "batch_lines"
+    __table_args__ = (
+        Index("ix_batch_lines_run_state", "run_id", "state"),
+        Index("ix_batch_lines_batch", "batch_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    item_id: Mapped[int] = mapped_column(ForeignKey("items.id", ondelete="CASCADE"), index=True)
+    batch_id: Mapped[str | None] = mapped_column(
+        ForeignKey("provider_batches.id", ondelete="SET NULL")
+    )
+    stage: Mapped[str] = mapped_column(String(16))
+    state: Mapped[str] = mapped_column(String(12))
+    # attribution: the claims asked (None: all); a re-ask asks those left without a verdict
+    claim_indices: Mapped[list[int] | None] = mapped_column(JSON)
+    reask: Mapped[bool] = mapped_column(Boolean, default=False)
+    # what this request carries over from earlier ones: the verdicts a re-ask keeps, and for
+    # a repair request the malformed answer and what was wrong with it
+    carry: Mapped[dict[str, Any] | None] = mapped_column(JSON)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -42,6 +42,7 @@ class SkipReason(StrEnum):
     NOT_RELEASED = "it waits for a place in its run's dispatch window"
     HELD = "a live worker holds it"
     NOT_OWNED = "this pass no longer owns it: another took it over or its run was cancelled"
+    IN_BATCH = "its run's provider batch lane owns it"
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from sqlalchemy import ColumnElement, and_, func, or_, select
 from sqlalchemy.orm import Session, defer
 
 from recallq import compare as ab
+from recallq.batch_store import run_lane_view
 from recallq.groups import GroupedItem, summarise_groups
 from recallq.models import Claim, Item, Run
 from recallq.status import ItemStatus, public_item_status, stored_item_statuses
@@ -99,6 +100,7 @@ def _view(session: Session, run: Run, row: Sequence[Any] | None, details: bool) 
         "status": run.status,
         "model": run.model,
         "scale": run.scale,
+        "mode": run.mode,
         "created_at": _iso(run.created_at),
         "started_at": _iso(run.started_at),
         "finished_at": _iso(run.finished_at),
@@ -106,7 +108,7 @@ def _view(session: Session, run: Run, row: Sequence[Any] | None, details: bool) 
         "counts": {
             "total": run.total_items,
             "pending": counts[ItemStatus.PENDING] + counts[ItemStatus.QUEUED],
-            "running": counts[ItemStatus.RUNNING],
+            "running": counts[ItemStatus.RUNNING] + counts[ItemStatus.BATCHED],
             "succeeded": counts[ItemStatus.SUCCEEDED],
             "failed": failed,
             "cancelled": counts[ItemStatus.CANCELLED],
@@ -123,6 +125,10 @@ def _view(session: Session, run: Run, row: Sequence[Any] | None, details: bool) 
             "deferrals": int(deferrals),
         },
     }
+    # the provider batch lane: usage by lane and stage (additive), and a batch run's progress
+    lane = run_lane_view(session, run, view["usage"])
+    view["usage"].update(lane["usage"])
+    view["batch"] = lane["batch"]
     if details:
         view["failures"] = _failures(session, run.id) if failed else []
     return view

@@ -22,6 +22,8 @@ from redis import Redis
 from sqlalchemy.orm import Session
 
 from recallq import queries
+from recallq.batch_lane import BatchLane
+from recallq.batch_store import LaneStore
 from recallq.coordination.breaker import (
     CircuitBreaker,
     LocalCircuitBreaker,
@@ -40,7 +42,7 @@ from recallq.reaper import Reaper
 from recallq.retry import RetryPolicy
 from recallq.settings import Settings
 from recallq.status import RUN_ACTIVE
-from recallq.store import ItemStore, RunStore, stores_for
+from recallq.store import BatchedItemStore, ItemStore, RunStore, stores_for
 
 
 class LocalOwners:
@@ -220,6 +222,16 @@ class Runtime:
             self.heartbeat,
             self.queue,
             self.settings.reaper_interval,
+        )
+
+    def batch_lane(self) -> BatchLane:
+        """The provider batch lane's poller (distributed mode: a worker polls it)."""
+        return BatchLane(
+            LaneStore(self.database),
+            BatchedItemStore(),
+            self.runs,
+            self.models,
+            self.settings,
         )
 
     def close(self) -> None:

@@ -51,6 +51,11 @@ class Settings(BaseSettings):
     api_url: str | None = None
     api_key: str | None = None
 
+    # the provider batch lane (batch-mode runs; recallq.batch_lane)
+    batch_poll_interval: float = 30.0  # how often one worker polls the providers' batches
+    batch_max_requests: int = 50_000  # requests in one batch input file (OpenAI's limit)
+    batch_max_bytes: int = 200 * 1024 * 1024  # size of one batch input file (OpenAI's limit)
+
     # api
     max_items_per_run: int = 200_000
     max_body_bytes: int = 512 * 1024 * 1024

@@ -8,6 +8,7 @@ Only `recallq.store` moves anything from one state to another; its methods name 
            queued | running → pending   (resume: the local process that held it stopped)
            failed → pending             (retry)
            pending | queued | running → cancelled   (its run was cancelled)
+           pending → batched → succeeded | failed | cancelled   (a batch-mode run's items)
     run:   queued → running → completed → running   (retry of failed items)
            queued | running → cancelled
 """
@@ -30,6 +31,8 @@ class ItemStatus(StrEnum):
     FAILED = "failed"
     #: Its run was cancelled before it ended.
     CANCELLED = "cancelled"
+    #: Its batch-mode run's provider batch lane owns it (recallq.batch_lane), request by request.
+    BATCHED = "batched"
 
 
 class RunStatus(StrEnum):
@@ -64,6 +67,11 @@ ITEM_TRANSITIONS: frozenset[tuple[ItemStatus, ItemStatus]] = frozenset(
         (ItemStatus.QUEUED, ItemStatus.PENDING),  # resume
         (ItemStatus.RUNNING, ItemStatus.PENDING),  # resume
         (ItemStatus.FAILED, ItemStatus.PENDING),  # retry_failed
+        # the provider batch lane (BatchedItemStore); never queued, so never reaped
+        (ItemStatus.PENDING, ItemStatus.BATCHED),  # adopt
+        (ItemStatus.BATCHED, ItemStatus.SUCCEEDED),  # succeed
+        (ItemStatus.BATCHED, ItemStatus.FAILED),  # fail
+        (ItemStatus.BATCHED, ItemStatus.CANCELLED),  # cancel_run
     }
 )
 
@@ -81,12 +89,17 @@ RUN_TRANSITIONS: frozenset[tuple[RunStatus, RunStatus]] = frozenset(
 
 
 def public_item_status(status: str) -> str:
-    """What the API shows: an item waiting in the broker is still `pending` to a user."""
-    return ItemStatus.PENDING if status == ItemStatus.QUEUED else status
+    """What the API shows: an item waiting in the broker is still `pending` to a user, and one
+    in its run's provider batch lane is `running` (its requests are with the provider)."""
+    if status == ItemStatus.QUEUED:
+        return ItemStatus.PENDING
+    return ItemStatus.RUNNING if status == ItemStatus.BATCHED else status
 
 
 def stored_item_statuses(public: str) -> tuple[ItemStatus, ...]:
     """The stored statuses behind a status the API shows."""
     if public == ItemStatus.PENDING:
         return (ItemStatus.PENDING, ItemStatus.QUEUED)
+    if public == ItemStatus.RUNNING:
+        return (ItemStatus.RUNNING, ItemStatus.BATCHED)
     return (ItemStatus(public),)

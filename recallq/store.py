@@ -21,6 +21,11 @@ Runs (RunStore)
     retry_failed    completed|running → running, and failed items → pending
     resume          queued|running items → pending (local mode, after the process stopped)
     forget_idempotency_key   the run no longer answers to its key (a fresh run takes it)
+Items of batch-mode runs (BatchedItemStore, written by the provider batch lane)
+    adopt           pending → batched              run running in batch mode; rows nobody
+                                                   else locks
+    save_claims, charge, wait   batched → batched  status batched
+    succeed / fail  batched → succeeded | failed   status batched
 
 A stage writes only while its pass still owns the item: its owner token and status are checked
 in the UPDATE itself, so a stale or duplicate copy of a stage writes nothing (no second set of
@@ -61,7 +66,7 @@ from sqlalchemy.orm import Session
 
 from recallq.db import Database
 from recallq.judge.base import Usage
-from recallq.models import Claim, ClaimCache, Item, Run, as_utc, utcnow
+from recallq.models import Claim, ClaimCache, Item, Run, RunMode, as_utc, utcnow
 from recallq.outcomes import Deferred, Ended, Skipped, SkipReason, Taken
 from recallq.scoring import Outcome, Verdict
 from recallq.settings import Settings
@@ -263,6 +268,57 @@ def _spent(usage: Usage, cache_hits: int = 0) -> dict[str, Any]:
     }
 
 
+def _succeeded(outcome: Outcome, usage: Usage, cache_hits: int) -> dict[str, Any]:
+    """The values of an item that ends with a score."""
+    return _spent(usage, cache_hits) | {
+        "status": ItemStatus.SUCCEEDED,
+        "finished_at": utcnow(),
+        "lease_until": None,
+        "waiting_since": None,
+        "score": outcome.score,
+        "reason": outcome.reason,
+        "error": None,
+        "claims_total": outcome.claims_total,
+        "claims_attributed": outcome.claims_attributed,
+    }
+
+
+def _failed(error: str, usage: Usage) -> dict[str, Any]:
+    """The values of an item that ends without a score."""
+    return _spent(usage) | {
+        "status": ItemStatus.FAILED,
+        "finished_at": utcnow(),
+        "lease_until": None,
+        "waiting_since": None,
+        "error": error,
+        "score": None,
+    }
+
+
+def _verdict_rows(
+    item_id: int, claims: Sequence[str], verdicts: dict[int, Verdict]
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "item_id": item_id,
+            "idx": i,
+            "text": text,
+            "verdict": verdicts[i].verdict,
+            "context_indices": verdicts[i].context_indices,
+            "reason": verdicts[i].reason,
+        }
+        for i, text in enumerate(claims)
+    ]
+
+
+def _charge_cancelled(conn: Connection, item_id: int, values: dict[str, Any]) -> None:
+    """A write that found the item no longer its own because its run was cancelled: the calls
+    it made were still sent and billed, so their usage counts on the cancelled item."""
+    spent = {k: v for k, v in values.items() if k in COUNTERS and k != "attempts" and v}
+    if spent:
+        _update_item(conn, item_id, spent, status=ItemStatus.CANCELLED)
+
+
 class ItemStore:
     """The moves of one item through its stages (see the module docstring)."""
 
@@ -310,6 +366,8 @@ class ItemStore:
             return Skipped(SkipReason.ENDED)
         if row.status == ItemStatus.PENDING:  # a stale message: dispatch releases it later
             return Skipped(SkipReason.NOT_RELEASED)
+        if row.status == ItemStatus.BATCHED:  # a batch-mode run's item makes no online call
+            return Skipped(SkipReason.IN_BATCH)
         if row.run_status == RunStatus.CANCELLED:
             cancelled = {"status": ItemStatus.CANCELLED, "finished_at": now, "lease_until": None}
             with self._db.single_statement() as conn:
@@ -411,45 +469,18 @@ class ItemStore:
     ) -> Ended | Skipped:
         """running → succeeded with its score, reason and the verdict of every claim; the next
         pending item of the run is queued in its place."""
-        values = _spent(usage, cache_hits) | {
-            "status": ItemStatus.SUCCEEDED,
-            "finished_at": utcnow(),
-            "lease_until": None,
-            "waiting_since": None,
-            "score": outcome.score,
-            "reason": outcome.reason,
-            "error": None,
-            "claims_total": outcome.claims_total,
-            "claims_attributed": outcome.claims_attributed,
-        }
+        values = _succeeded(outcome, usage, cache_hits)
         with self._db.transaction() as conn:
             if not self._write_owned(conn, taken, values):
                 return Skipped(SkipReason.NOT_OWNED)
             if verdicts:
-                rows = [
-                    {
-                        "item_id": taken.item_id,
-                        "idx": i,
-                        "text": text,
-                        "verdict": verdicts[i].verdict,
-                        "context_indices": verdicts[i].context_indices,
-                        "reason": verdicts[i].reason,
-                    }
-                    for i, text in enumerate(taken.claims or ())
-                ]
+                rows = _verdict_rows(taken.item_id, taken.claims or (), verdicts)
                 conn.execute(_verdicts_upsert(conn.dialect.name), rows)
             return Ended(taken.run_id, self._release_next(conn, taken.run_id))
 
     def fail(self, taken: Taken, error: str, usage: Usage) -> Ended | Skipped:
         """running → failed with its error; the next pending item is queued in its place."""
-        values = _spent(usage) | {
-            "status": ItemStatus.FAILED,
-            "finished_at": utcnow(),
-            "lease_until": None,
-            "waiting_since": None,
-            "error": error,
-            "score": None,
-        }
+        values = _failed(error, usage)
         with self._db.transaction() as conn:
             if not self._write_owned(conn, taken, values):
                 return Skipped(SkipReason.NOT_OWNED)
@@ -511,9 +542,7 @@ class ItemStore:
             conn, taken.item_id, values, owner=taken.owner, status=ItemStatus.RUNNING
         )
         if not owned:
-            spent = {k: v for k, v in values.items() if k in COUNTERS and k != "attempts" and v}
-            if spent:
-                _update_item(conn, taken.item_id, spent, status=ItemStatus.CANCELLED)
+            _charge_cancelled(conn, taken.item_id, values)
         return bool(owned)
 
     def _release_next(self, conn: Connection, run_id: str) -> tuple[int, ...]:
@@ -528,6 +557,102 @@ class ItemStore:
     @staticmethod
     def _stored_claims(conn: Connection, item_id: int) -> tuple[str, ...]:
         return tuple(conn.execute(STORED_CLAIMS, {"item_id": item_id}).scalars())
+
+
+class BatchedItemStore:
+    """The moves of a batch-mode run's items, made by its provider batch lane
+    (recallq.batch_lane): one item at a time, request by request.
+
+    Each method writes through the caller's connection: the lane writes an item's move in the
+    same transaction as the request line whose answer caused it (recallq.batch_store), so an
+    answer is applied exactly once whatever crashes in between. Every write is guarded by
+    status batched and returns whether it was made. When the item's run was cancelled
+    meanwhile, only the usage of the answers that still came is written (they are billed).
+    """
+
+    def adopt(self, conn: Connection, run_id: str, limit: int) -> list[int]:
+        """pending → batched: up to `limit` of the pending items of a running batch-mode run
+        (rows another transaction locks are left for the next call). Returns their ids."""
+        in_batch_mode = exists().where(
+            runs.c.id == run_id, runs.c.status == RunStatus.RUNNING, runs.c.mode == RunMode.BATCH
+        )
+        return _update_items_in_id_order(
+            conn,
+            items.c.run_id == run_id,
+            items.c.status == ItemStatus.PENDING,
+            in_batch_mode,
+            values={
+                "status": ItemStatus.BATCHED,
+                "owner": None,
+                "lease_until": None,
+                "waiting_since": None,
+                "attempts": items.c.attempts + 1,
+                "started_at": func.coalesce(items.c.started_at, utcnow()),
+            },
+            skip_locked=True,
+            limit=limit,
+        )
+
+    def save_claims(
+        self,
+        conn: Connection,
+        item_id: int,
+        claims: Sequence[str],
+        usage: Usage,
+        cache_hit: bool,
+        cache_key: str,
+    ) -> bool:
+        """batched → batched: its claims (and the claim cache, when freshly extracted) with what
+        their extraction used. The item made progress: whatever it waited out is over."""
+        values = _spent(usage, int(cache_hit)) | {"waiting_since": None}
+        if not self._write(conn, item_id, values):
+            return False
+        if not cache_hit:
+            conn.execute(_cache_insert(conn.dialect.name), [{"key": cache_key, "claims": claims}])
+        rows = [{"item_id": item_id, "idx": i, "text": text} for i, text in enumerate(claims)]
+        if rows:
+            conn.execute(_claims_insert(conn.dialect.name), rows)
+        return True
+
+    def charge(self, conn: Connection, item_id: int, usage: Usage) -> bool:
+        """batched → batched: what an answered request used, when the item needs another
+        request before it ends (a re-ask, a repair). It made progress: no more waiting."""
+        return self._write(conn, item_id, _spent(usage) | {"waiting_since": None})
+
+    def wait(self, conn: Connection, item_id: int, usage: Usage, since: datetime) -> bool:
+        """batched → batched: a request failed for a transient reason and goes again in a
+        later batch. `since` is when the item started to wait (its run's retry deadline
+        counts from then)."""
+        return self._write(conn, item_id, _spent(usage) | {"waiting_since": since})
+
+    def succeed(
+        self,
+        conn: Connection,
+        item_id: int,
+        outcome: Outcome,
+        usage: Usage,
+        claims: Sequence[str] = (),
+        verdicts: dict[int, Verdict] | None = None,
+        cache_hits: int = 0,
+    ) -> bool:
+        """batched → succeeded with its score, reason and the verdict of every claim."""
+        if not self._write(conn, item_id, _succeeded(outcome, usage, cache_hits)):
+            return False
+        if verdicts:
+            rows = _verdict_rows(item_id, claims, verdicts)
+            conn.execute(_verdicts_upsert(conn.dialect.name), rows)
+        return True
+
+    def fail(self, conn: Connection, item_id: int, error: str, usage: Usage) -> bool:
+        """batched → failed with its error."""
+        return self._write(conn, item_id, _failed(error, usage))
+
+    @staticmethod
+    def _write(conn: Connection, item_id: int, values: dict[str, Any]) -> bool:
+        written = _update_item(conn, item_id, values, status=ItemStatus.BATCHED)
+        if not written:
+            _charge_cancelled(conn, item_id, values)
+        return bool(written)
 
 
 class RunNotFound(LookupError):
@@ -567,19 +692,22 @@ class RunStore:
     def release_window(self, run_id: str) -> list[int] | None:
         """queued|running → running, and pending → queued for as many items as the run's
         dispatch window has room for; returns their ids (messages to send), or None when the
-        run is gone or ended."""
+        run is gone or ended. A batch-mode run releases none: its provider batch lane adopts
+        its pending items (BatchedItemStore.adopt)."""
         with self._db.transaction() as conn:
-            status = conn.execute(
-                select(runs.c.status).where(runs.c.id == run_id).with_for_update()
-            ).scalar()
-            if status is None or status in RUN_ENDED:
+            run = conn.execute(
+                select(runs.c.status, runs.c.mode).where(runs.c.id == run_id).with_for_update()
+            ).one_or_none()
+            if run is None or run.status in RUN_ENDED:
                 return None
-            if status == RunStatus.QUEUED:
+            if run.status == RunStatus.QUEUED:
                 conn.execute(
                     update(runs)
                     .where(runs.c.id == run_id)
                     .values(status=RunStatus.RUNNING, started_at=utcnow())
                 )
+            if run.mode == RunMode.BATCH:  # its items go to the provider batch lane instead
+                return []
             in_flight = conn.execute(
                 select(func.count())
                 .select_from(items)

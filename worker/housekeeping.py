@@ -1,8 +1,10 @@
-"""The worker's background thread: its heartbeat, the reaper's sweeps, and handing back the
-items of tasks that a database or Redis outage interrupted.
+"""The worker's background threads: its heartbeat, the reaper's sweeps and handing back the
+items of tasks that a database or Redis outage interrupted; the provider batch lane's polls.
 
 Started when the worker is ready, stopped when it shuts down. One worker at a time sweeps
-(see recallq.reaper); every worker beats.
+(see recallq.reaper); every worker beats. One worker at a time polls the batch lane (see
+recallq.batch_lane), in a thread of its own: applying a large batch's results takes longer
+than a heartbeat may wait.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from typing import Any
 
 from celery import signals
 
+from recallq.batch_lane import BatchLane
+from recallq.coordination import keys
 from recallq.reaper import Reaper
 from recallq.store import ItemStore
 from worker.celery_app import runtime
@@ -58,6 +62,22 @@ def _loop(reaper: Reaper, items: ItemStore) -> None:
         _stop.wait(min(heartbeat.interval, reaper.interval))
 
 
+def _lane_loop(lane: BatchLane, worker_id: str) -> None:
+    interval = lane.interval
+    lock_ms = max(100, int(interval * 900))
+    while not _stop.wait(interval):
+        try:
+            redis = runtime().redis
+            assert redis is not None
+            # one poll per interval across the workers (the poll's own lock keeps them apart)
+            if redis.set(keys.BATCH_LANE_POLL, worker_id, nx=True, px=lock_ms):
+                report = lane.poll()
+                if report.batches_created or report.batches_applied or report.adopted:
+                    log.info("batch lane: %s", report)
+        except Exception:  # noqa: BLE001  (an outage must not kill the thread)
+            log.warning("batch lane poll failed; retrying", exc_info=True)
+
+
 @signals.after_setup_logger.connect
 def _quiet_per_task_logs(**_: Any) -> None:
     # "received" and "succeeded" lines for every task cost CPU and say nothing the
@@ -76,6 +96,13 @@ def _start(**_: Any) -> None:
         target=_loop, args=(reaper, current.items), name="recallq-housekeeping", daemon=True
     )
     thread.start()
+    lane = current.batch_lane()
+    threading.Thread(
+        target=_lane_loop,
+        args=(lane, reaper.heartbeat.worker_id),
+        name="recallq-batch-lane",
+        daemon=True,
+    ).start()
 
 
 @signals.worker_shutdown.connect

@@ -8,6 +8,9 @@ PREFIX = "recallq:"
 BROKER_EPOCH = PREFIX + "broker-epoch"
 #: Held by the one worker sweeping for lost work.
 REAPER_LOCK = PREFIX + "reaper-lock"
+#: Set by the worker polling the provider batch lane this interval (its Postgres advisory
+#: lock, not this key, keeps polls from overlapping: see recallq.batch_store).
+BATCH_LANE_POLL = PREFIX + "batch-lane-poll"
 
 
 def heartbeat(worker_id: str) -> str:

@@ -108,7 +108,10 @@ class LLMJudge:
         self._limiter = limiter
         self._timeout = timeout
         model = self._params["model"]
-        self._priced = model in litellm.model_cost or model.split("/", 1)[-1] in litellm.model_cost
+        # litellm prices a call by its map, or by the models file's own per-token prices
+        own_price = {"input_cost_per_token", "output_cost_per_token"} & set(self._params)
+        listed = model in litellm.model_cost or model.split("/", 1)[-1] in litellm.model_cost
+        self._priced = listed or bool(own_price)
         if not self._priced:
             patches.mark_unpriced(model, model.split("/", 1)[-1])
         self._warm_up()

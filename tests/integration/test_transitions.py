@@ -2,8 +2,9 @@
 
 A trigger on a real database records every (old, new) status of every UPDATE that sets a
 status, while the engine and the store take items and runs through every path they have:
-scoring, failure, deferral, lost workers, cancel and retry. Then the moves seen must be the
-table: none outside it, and every one in it made by some named store method.
+scoring, failure, deferral, lost workers, cancel and retry, and the provider batch lane. Then
+the moves seen must be the table: none outside it, and every one in it made by some named
+store method.
 """
 
 from __future__ import annotations
@@ -16,14 +17,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, text
 
-from recallq import ingest
+from recallq import ingest, scoring
 from recallq.judge.base import JudgeReply, PermanentJudgeError, RateLimited, Usage
 from recallq.migrate import upgrade
 from recallq.models import Item
-from recallq.outcomes import Continue, Deferred, Ended
+from recallq.outcomes import Continue, Deferred, Ended, Skipped, SkipReason
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.status import ITEM_TRANSITIONS, RUN_TRANSITIONS, ItemStatus, RunStatus
+from recallq.store import BatchedItemStore
 
 MODEL = "transitions-probe"
 
@@ -81,8 +83,8 @@ def runtime(tmp_path: Path) -> Iterator[Runtime]:
     made.close()
 
 
-def _run(runtime: Runtime, *ground_truths: str) -> tuple[str, list[int]]:
-    spec = ingest.build_spec(model=MODEL, known_models=[MODEL])
+def _run(runtime: Runtime, *ground_truths: str, mode: str = "online") -> tuple[str, list[int]]:
+    spec = ingest.build_spec(model=MODEL, known_models=[MODEL], mode=mode, batch_models=[MODEL])
     rows = [{"ground_truth": f"{g} {uuid.uuid4()}", "context": ["c"]} for g in ground_truths]
     with runtime.database.session() as session:
         run_id = ingest.create_run(session, runtime.runs, spec, rows, runtime.settings).id
@@ -177,6 +179,20 @@ def test_every_move_is_in_the_table_and_every_move_in_the_table_is_made(
     assert isinstance(running, Continue)
     assert runs.cancel(started, "default")
     assert {_status(runtime, i) for i in (first, second, third)} == {ItemStatus.CANCELLED}
+
+    # a batch-mode run: its provider batch lane adopts its items and ends them, or the run
+    # is cancelled under it (the lane's own moves, made by BatchedItemStore)
+    lane = BatchedItemStore()
+    batched_run, (scored, failing, unended) = _run(runtime, "b1", "b2", "b3", mode="batch")
+    assert engine.dispatch(batched_run) == 0  # queued → running; no item goes to the queue
+    with runtime.database.transaction() as conn:
+        assert lane.adopt(conn, batched_run, 10) == [scored, failing, unended]  # → batched
+        outcome = scoring.score_claims(["b1"], {0: scoring.Verdict(0, "yes", [0])}, 1.0)
+        assert lane.succeed(conn, scored, outcome, Usage(llm_calls=2), ["b1"])  # → succeeded
+        assert lane.fail(conn, failing, "provider answered 400: bad", Usage())  # → failed
+    assert engine.take(unended) == Skipped(SkipReason.IN_BATCH)  # no online call for it
+    assert runs.cancel(batched_run, "default")  # batched → cancelled
+    assert _status(runtime, unended) == ItemStatus.CANCELLED
 
     seen = _moves(runtime)
     assert seen["items"] <= ITEM_TRANSITIONS, seen["items"] - ITEM_TRANSITIONS

@@ -1,0 +1,428 @@
+"""The pure parts of the provider batch lane: request lines out, result lines in. No I/O.
+
+    Request ──request_line()──► one JSONL line of an input file (InputFile keeps the limits)
+    output / error file ──parse_results()──► {custom_id: Answer | LineFailure}
+    a request and its result ──decide()──► what happens to the item next
+
+It also names what the lane needs of a provider (BatchAPI, BatchInfo: recallq.judge.batch_api
+implements them through litellm) and prices batch requests (Price, batch_price).
+
+`decide` applies the online engine's rules (recallq.engine) to one answer, so a batch-mode run
+scores exactly as an online one: a malformed answer is asked again once with a repair
+instruction, claims left without a verdict are asked again once, verdicts are matched by
+claim_index, transient failures wait and go again, permanent ones fail the item. What an
+online call does twice in a row, the lane does in two batches: the repair request or the
+re-ask is a new request in a later batch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Protocol
+
+from recallq import scoring
+from recallq.judge import protocol
+from recallq.judge.base import Usage
+
+ENDPOINT = "/v1/chat/completions"
+CUSTOM_ID_PREFIX = "rq-"
+#: Body parameters of a models file entry's litellm_params that a batch request carries, as
+#: an online call does (the rest configure the connection or the price).
+BODY_PARAMS = ("max_tokens", "max_completion_tokens", "top_p", "seed", "reasoning_effort")
+
+
+class Stage(StrEnum):
+    EXTRACTION = "extraction"
+    ATTRIBUTION = "attribution"
+
+
+SCHEMA = {Stage.EXTRACTION: protocol.EXTRACTION, Stage.ATTRIBUTION: protocol.ATTRIBUTION}
+
+
+def custom_id(line_id: int) -> str:
+    """The custom_id of a request line: its row id, which no other request ever has."""
+    return f"{CUSTOM_ID_PREFIX}{line_id}"
+
+
+def line_id(custom: str) -> int | None:
+    """The request line a custom_id names, or None for one the lane did not make."""
+    number = custom.removeprefix(CUSTOM_ID_PREFIX)
+    if number == custom or not number.isdigit():
+        return None
+    return int(number)
+
+
+# --- requests -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Request:
+    """One request as its line stores it, with the item data it needs.
+
+    `asked` are the claim indices an attribution asks (None: all); `reask` says it asks
+    again for claims an earlier answer left without a verdict; `carry` holds what it carries
+    over from earlier requests: `verdicts` a re-ask keeps, and for a repair request the
+    malformed `answer` and the `problem` with it."""
+
+    line_id: int
+    stage: Stage
+    ground_truth: str | None = None
+    claims: tuple[str, ...] = ()
+    contexts: tuple[str, ...] = ()
+    asked: tuple[int, ...] | None = None
+    reask: bool = False
+    carry: dict[str, Any] | None = None
+
+    @property
+    def is_repair(self) -> bool:
+        return bool(self.carry) and "problem" in (self.carry or {})
+
+    def asked_indices(self) -> list[int]:
+        return list(range(len(self.claims))) if self.asked is None else list(self.asked)
+
+    def messages(self) -> list[dict[str, str]]:
+        """The chat messages an online call would send for this request."""
+        if self.stage == Stage.EXTRACTION:
+            assert self.ground_truth is not None
+            messages = protocol.extraction_messages(self.ground_truth)
+        else:
+            asked = [self.claims[i] for i in self.asked_indices()]
+            messages = protocol.attribution_messages(asked, list(self.contexts))
+        if self.is_repair:
+            carry = self.carry or {}
+            messages = protocol.repair_messages(messages, carry.get("answer"), carry["problem"])
+        return messages
+
+
+def request_body(request: Request, model: str, params: dict[str, Any]) -> dict[str, Any]:
+    """The chat-completion body: what recallq.judge.llm sends online for the same request."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": request.messages(),
+        "response_format": protocol.response_format(SCHEMA[request.stage]),
+        "temperature": 0,
+    }
+    body.update({key: params[key] for key in BODY_PARAMS if key in params})
+    return body
+
+
+def request_line(request: Request, model: str, params: dict[str, Any]) -> bytes:
+    """One line of a batch input file (OpenAI's format), newline included."""
+    line = {
+        "custom_id": custom_id(request.line_id),
+        "method": "POST",
+        "url": ENDPOINT,
+        "body": request_body(request, model, params),
+    }
+    return (json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
+
+
+@dataclass
+class InputFile:
+    """Lines of one batch input file, within the provider's limits."""
+
+    max_requests: int
+    max_bytes: int
+    line_ids: list[int] = field(default_factory=list)
+    chunks: list[bytes] = field(default_factory=list)
+    size: int = 0
+
+    def add(self, line_id: int, line: bytes) -> bool:
+        """Take the line if the file stays within both limits; False (not taken) if not."""
+        if len(self.line_ids) >= self.max_requests or self.size + len(line) > self.max_bytes:
+            return False
+        self.line_ids.append(line_id)
+        self.chunks.append(line)
+        self.size += len(line)
+        return True
+
+    def content(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+# --- results --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A request the provider answered (HTTP 200): what the model said and what it used."""
+
+    content: str | None
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True)
+class LineFailure:
+    """A request the provider did not answer: transient ones (429, 5xx, an expired or
+    cancelled batch) go again in a later batch; permanent ones fail the item."""
+
+    error: str
+    transient: bool
+
+
+LineResult = Answer | LineFailure
+
+#: What a request of a batch that ended without answering it gets (expired, cancelled, failed).
+UNANSWERED = LineFailure("the provider's batch ended without answering this request", True)
+
+
+def is_transient(status: int | None) -> bool:
+    """Whether a provider's HTTP status is worth another try, as online (recallq.judge.llm):
+    429, 408, 409, 5xx, and no status at all (the request was never run)."""
+    return status is None or status in (408, 409, 429) or status >= 500
+
+
+def parse_results(content: bytes | str) -> dict[str, LineResult]:
+    """The results of an output or error file by custom_id. Lines that are not results (not
+    JSON, no custom_id) are skipped; a custom_id seen twice keeps its first result."""
+    results: dict[str, LineResult] = {}
+    text = content.decode("utf-8", "replace") if isinstance(content, bytes) else content
+    for raw in text.splitlines():
+        try:
+            record = json.loads(raw)
+        except ValueError:
+            continue
+        if not isinstance(record, dict) or not isinstance(record.get("custom_id"), str):
+            continue
+        results.setdefault(record["custom_id"], result_of(record))
+    return results
+
+
+def result_of(record: dict[str, Any]) -> LineResult:
+    """One result line: `{"custom_id", "response": {"status_code", "body"}, "error"}`."""
+    response = record.get("response") if isinstance(record.get("response"), dict) else None
+    status = response.get("status_code") if response else None
+    body = response.get("body") if response else None
+    status = status if isinstance(status, int) else None
+    if status == 200 and isinstance(body, dict):
+        choices = body.get("choices")
+        if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+            message = choices[0].get("message") or {}
+            usage = body.get("usage") or {}
+            return Answer(
+                message.get("content") if isinstance(message, dict) else None,
+                choices[0].get("finish_reason"),
+                _int(usage.get("prompt_tokens")),
+                _int(usage.get("completion_tokens")),
+            )
+        return LineFailure("the provider answered 200 without a choice", True)
+    error = _error_message(body) or _error_message(record) or "no message"
+    code = f" {status}" if status is not None else ""
+    return LineFailure(f"provider answered{code}: {error}", is_transient(status))
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _error_message(holder: Any) -> str | None:
+    error = holder.get("error") if isinstance(holder, dict) else None
+    if isinstance(error, dict):
+        message = error.get("message") or error.get("code")
+        return str(message)[:300] if message else None
+    return str(error)[:300] if error else None
+
+
+# --- what an answer means for its item -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claims:
+    """Extraction answered: the item's claims."""
+
+    claims: list[str]
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """Attribution answered: a verdict for every claim (the item can be scored)."""
+
+    verdicts: dict[int, scoring.Verdict]
+
+
+@dataclass(frozen=True)
+class AskAgain:
+    """Claims left without a verdict: asked again once, keeping the verdicts given."""
+
+    missing: list[int]
+    verdicts: dict[int, scoring.Verdict]
+
+
+@dataclass(frozen=True)
+class Repair:
+    """A malformed answer: the request goes again once with a repair instruction."""
+
+    answer: str | None
+    problem: str
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The item fails with this error (and no further request)."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A transient failure: the same request goes again in a later batch."""
+
+    error: str
+
+
+Decision = Claims | Verdicts | AskAgain | Repair | Failed | Retry
+
+
+def decide(request: Request, result: LineResult | None) -> Decision:
+    """What a request's result means for its item (None: the batch did not answer it)."""
+    if result is None:
+        result = UNANSWERED
+    if isinstance(result, LineFailure):
+        return Retry(result.error) if result.transient else Failed(result.error)
+    schema = SCHEMA[request.stage]
+    try:
+        data = protocol.parse_answer(schema, result.content, result.finish_reason)
+    except protocol.ProtocolError as problem:
+        if request.is_repair:
+            return Failed(f"{schema}: malformed answer after a repair request: {problem}")
+        return Repair(result.content, str(problem))
+    if request.stage == Stage.EXTRACTION:
+        return Claims(list(data["claims"]))
+    asked = request.asked_indices()
+    matched, missing_at = scoring.match_verdicts(
+        data.get("verdicts"), len(asked), len(request.contexts)
+    )
+    verdicts = kept_verdicts(request.carry) | {
+        asked[j]: scoring.Verdict(asked[j], v.verdict, v.context_indices, v.reason)
+        for j, v in matched.items()
+    }
+    missing = [asked[j] for j in missing_at]
+    if not missing:
+        return Verdicts(verdicts)
+    if request.reask:
+        names = ", ".join(str(i) for i in missing)
+        return Failed(f"the judge gave no verdict for claim(s) {names}, asked twice")
+    return AskAgain(missing, verdicts)
+
+
+def answer_usage(answer: Answer, price: Price) -> Usage:
+    """What one answered request used, at the batch price."""
+    cost = price.cost(answer.prompt_tokens, answer.completion_tokens)
+    return Usage(1, answer.prompt_tokens, answer.completion_tokens, cost, 1, 0)
+
+
+#: What a request the provider did not answer counts: sent, and failed.
+FAILED_REQUEST = Usage(call_attempts=1, failed_calls=1)
+
+
+# --- what a line carries over -----------------------------------------------------------------
+
+
+def carry_verdicts(verdicts: dict[int, scoring.Verdict]) -> dict[str, Any]:
+    """Verdicts as a line's `carry` stores them (JSON: string keys)."""
+    return {
+        str(index): {
+            "verdict": verdict.verdict,
+            "context_indices": list(verdict.context_indices),
+            "reason": verdict.reason,
+        }
+        for index, verdict in verdicts.items()
+    }
+
+
+def kept_verdicts(carry: dict[str, Any] | None) -> dict[int, scoring.Verdict]:
+    """The verdicts a line carries over from an earlier answer."""
+    stored = (carry or {}).get("verdicts") or {}
+    return {
+        int(index): scoring.Verdict(
+            int(index), v["verdict"], list(v.get("context_indices") or []), v.get("reason", "")
+        )
+        for index, v in stored.items()
+    }
+
+
+def repair_carry(request: Request, repair: Repair) -> dict[str, Any]:
+    """What the repair request of `request` carries: its kept verdicts, the bad answer and
+    what was wrong with it."""
+    carry: dict[str, Any] = {"answer": repair.answer, "problem": repair.problem}
+    kept = (request.carry or {}).get("verdicts")
+    return {"verdicts": kept, **carry} if kept else carry
+
+
+# --- the provider's Batch API, as the lane uses it ---------------------------------------------
+
+#: Batch statuses after which a batch changes no more.
+FINAL = frozenset({"completed", "failed", "expired", "cancelled"})
+
+
+@dataclass(frozen=True)
+class BatchInfo:
+    """A provider batch as the lane reads it."""
+
+    id: str
+    status: str
+    output_file_id: str | None = None
+    error_file_id: str | None = None
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
+    created_at: int = 0
+    metadata: dict[str, str] = field(default_factory=dict)
+    errors: str | None = None  # why the provider failed the whole batch, if it did
+
+    @property
+    def final(self) -> bool:
+        return self.status in FINAL
+
+
+class BatchAPI(Protocol):
+    """One model's provider Batch API."""
+
+    #: the model name request bodies carry (litellm_params.model without its provider prefix)
+    body_model: str
+    #: litellm_params that request bodies carry (see recallq.batch_requests.BODY_PARAMS)
+    body_params: dict[str, Any]
+
+    def upload(self, filename: str, content: bytes) -> str: ...
+
+    def create(self, input_file_id: str, metadata: dict[str, str]) -> BatchInfo: ...
+
+    def find(self, key: str, value: str, since: float) -> BatchInfo | None: ...
+
+    def retrieve(self, batch_id: str) -> BatchInfo: ...
+
+    def cancel(self, batch_id: str) -> BatchInfo: ...
+
+    def content(self, file_id: str) -> bytes: ...
+
+
+# --- price --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Price:
+    """USD per token of a model's batch requests (0 for a model without a known price)."""
+
+    input_per_token: float = 0.0
+    output_per_token: float = 0.0
+
+    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
+        return prompt_tokens * self.input_per_token + completion_tokens * self.output_per_token
+
+
+def batch_price(
+    online: Price | None, listed: Price | None, discount: float | None, default: float = 0.5
+) -> Price:
+    """The price of a batch request: the price map's batch price (`listed`) when it has one,
+    else the online price less the discount (default 50%, providers' batch discount). A
+    models file's `batch_discount` applies to the online price whatever the map lists."""
+    if listed is not None and discount is None:
+        return listed
+    if online is None:
+        return Price()
+    keep = 1.0 - (default if discount is None else discount)
+    return Price(online.input_per_token * keep, online.output_per_token * keep)

@@ -1,0 +1,166 @@
+"""The litellm adapter for a provider's Files and Batch APIs: the calls of the batch lane.
+
+Importing this module imports litellm (about 6 s of CPU): only the lane's poller does, in a
+worker. `BatchAPI` is what the lane needs: upload an input file, create a batch carrying our
+own id as metadata, find a batch by that metadata (a create whose answer was lost to a crash),
+retrieve, cancel, and read an output or error file. The OpenAI SDK's own retries are off: a
+failed call is simply made again at the lane's next poll. Errors come back as
+TransientJudgeError (try again at the next poll) or PermanentJudgeError (the provider refuses
+for good), their text cleared of the model's key and anything shaped like a credential.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+from recallq import patches
+from recallq.batch_requests import ENDPOINT, BatchInfo, Price, batch_price, is_transient
+from recallq.judge.base import PermanentJudgeError, TransientJudgeError
+from recallq.model_registry import ModelConfig
+from recallq.redact import Redactor
+
+os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
+
+import litellm  # noqa: E402  (after the variable above)
+
+#: litellm_params that say where the provider is and who calls it (the rest shape requests).
+CONNECTION_PARAMS = ("api_base", "api_key", "api_version", "organization")
+COMPLETION_WINDOW = "24h"
+LIST_PAGE = 100
+T = TypeVar("T")
+
+
+class LitellmBatchAPI:
+    """A model's provider Batch API through litellm (OpenAI's format: OpenAI, Azure, and
+    servers that speak it)."""
+
+    def __init__(self, config: ModelConfig, timeout: float) -> None:
+        patches.prepare_litellm()
+        params = config.resolved_params()
+        self.body_params = params
+        try:
+            self.body_model, self._provider, _, _ = litellm.get_llm_provider(params["model"])
+        except Exception as exc:  # noqa: BLE001  (litellm raises its own kinds for this)
+            raise PermanentJudgeError(f"model {config.name!r}: {exc}") from exc
+        self._call_params: dict[str, Any] = {
+            "custom_llm_provider": self._provider,
+            "timeout": timeout,
+            "max_retries": 0,
+            **{key: params[key] for key in CONNECTION_PARAMS if key in params},
+        }
+        self._redact = Redactor([str(v) for v in params.values() if isinstance(v, str)])
+
+    def upload(self, filename: str, content: bytes) -> str:
+        created = self._call(
+            litellm.create_file, file=(filename, content), purpose="batch", **self._call_params
+        )
+        return str(created.id)
+
+    def create(self, input_file_id: str, metadata: dict[str, str]) -> BatchInfo:
+        batch = self._call(
+            litellm.create_batch,
+            completion_window=COMPLETION_WINDOW,
+            endpoint=ENDPOINT,
+            input_file_id=input_file_id,
+            metadata=metadata,
+            **self._call_params,
+        )
+        return _info(batch)
+
+    def find(self, key: str, value: str, since: float) -> BatchInfo | None:
+        """The batch whose metadata maps `key` to `value`, looking back (newest first) to
+        batches created at `since` (unix seconds)."""
+        for batch in self._batches_since(since):
+            if batch.metadata.get(key) == value:
+                return batch
+        return None
+
+    def _batches_since(self, since: float) -> Iterator[BatchInfo]:
+        after: str | None = None
+        while True:
+            page = self._call(
+                litellm.list_batches, after=after, limit=LIST_PAGE, **self._call_params
+            )
+            batches = [_info(batch) for batch in getattr(page, "data", None) or []]
+            for batch in batches:
+                if batch.created_at and batch.created_at < since:
+                    return
+                yield batch
+            if not batches or not getattr(page, "has_more", False):
+                return
+            after = batches[-1].id
+
+    def retrieve(self, batch_id: str) -> BatchInfo:
+        return _info(self._call(litellm.retrieve_batch, batch_id=batch_id, **self._call_params))
+
+    def cancel(self, batch_id: str) -> BatchInfo:
+        return _info(self._call(litellm.cancel_batch, batch_id=batch_id, **self._call_params))
+
+    def content(self, file_id: str) -> bytes:
+        response = self._call(litellm.file_content, file_id=file_id, **self._call_params)
+        return bytes(response.content)
+
+    def _call(self, function: Callable[..., T], **kwargs: Any) -> T:
+        """One provider call; its error as the lane's kind of error, redacted."""
+        try:
+            with patches.without_litellm_callbacks():
+                return function(**kwargs)
+        except Exception as exc:  # noqa: BLE001  (the SDK's and litellm's kinds both occur)
+            status = getattr(exc, "status_code", None)
+            status = status if isinstance(status, int) else None
+            message = self._redact(f"{type(exc).__name__}: {_first_line(exc)}")
+            if is_transient(status):
+                raise TransientJudgeError(message, f"provider error ({status})") from exc
+            raise PermanentJudgeError(message) from exc
+
+
+def _first_line(exc: Exception) -> str:
+    message = str(getattr(exc, "message", None) or exc)
+    return message.split("\n", 1)[0][:300]
+
+
+def _info(batch: Any) -> BatchInfo:
+    counts = getattr(batch, "request_counts", None)
+    metadata = getattr(batch, "metadata", None)
+    errors = [getattr(e, "message", None) for e in getattr(batch.errors, "data", None) or []]
+    return BatchInfo(
+        id=str(batch.id),
+        status=str(batch.status),
+        output_file_id=getattr(batch, "output_file_id", None),
+        error_file_id=getattr(batch, "error_file_id", None),
+        total=int(getattr(counts, "total", 0) or 0),
+        completed=int(getattr(counts, "completed", 0) or 0),
+        failed=int(getattr(counts, "failed", 0) or 0),
+        created_at=int(getattr(batch, "created_at", 0) or 0),
+        metadata=dict(metadata) if isinstance(metadata, dict) else {},
+        errors="; ".join(str(e) for e in errors if e)[:500] or None,
+    )
+
+
+def price_of(config: ModelConfig) -> Price:
+    """The price of one of the model's batch requests (recallq.batch_requests.batch_price):
+    litellm's batch price (`*_cost_per_token_batches`) when its price map has one and the
+    models file sets neither a price nor `batch_discount`, else the online price (the models
+    file's `input_cost_per_token` / `output_cost_per_token`, else litellm's) less the
+    discount (`batch_discount`, default 50%)."""
+    params = config.litellm_params
+    name = str(params.get("model", ""))
+    entry = litellm.model_cost.get(name) or litellm.model_cost.get(name.split("/", 1)[-1]) or {}
+    online = _price(
+        params.get("input_cost_per_token", entry.get("input_cost_per_token")),
+        params.get("output_cost_per_token", entry.get("output_cost_per_token")),
+    )
+    listed = _price(
+        entry.get("input_cost_per_token_batches"), entry.get("output_cost_per_token_batches")
+    )
+    if "input_cost_per_token" in params or "output_cost_per_token" in params:
+        listed = None  # the models file's own price wins over the price map's
+    return batch_price(online, listed, config.batch_discount)
+
+
+def _price(input_per_token: Any, output_per_token: Any) -> Price | None:
+    if input_per_token is None and output_per_token is None:
+        return None
+    return Price(float(input_per_token or 0.0), float(output_per_token or 0.0))

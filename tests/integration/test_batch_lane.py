@@ -25,9 +25,10 @@ from recallq.db import Database
 from recallq.engine import Engine
 from recallq.model_registry import batch_models, load_models
 from recallq.models import Item, Run
+from recallq.outcomes import Continue, Taken
 from recallq.runtime import Runtime
 from recallq.settings import Settings
-from recallq.store import BatchedItemStore, ItemStore, RunStore
+from recallq.store import BatchedItemStore, stores_for
 from tests.integration.faults import make_items
 from tests.services import migrated_database, write_models_file
 from tests.stub_llm import StubConfig, StubServer
@@ -78,7 +79,7 @@ class Lane:
         with self.database.session() as session:
             run_id = ingest.create_run(session, self.lane.runs, spec, rows, self.settings).id
         if mode == "batch":  # the run's dispatch: it starts, and no item goes to the queue
-            assert self.lane.runs.release_window(run_id, 10) == []
+            assert self.lane.runs.release_window(run_id) == []
         return run_id
 
     def view(self, run_id: str) -> dict[str, Any]:
@@ -142,8 +143,7 @@ def lane(database_url: str, provider: StubServer, tmp_path: Path, monkeypatch) -
         retry_base_delay=0.05,
     )
     database = Database(database_url)
-    item_store = ItemStore(database, settings.lease_seconds, settings.queue_lease_seconds)
-    runs = RunStore(database, item_store, settings.insert_batch_size)
+    _, runs = stores_for(database, settings)
     made = BatchLane(LaneStore(database), BatchedItemStore(), runs, models, settings)
     yield Lane(made, database, settings, models)
     with database.transaction() as conn:  # the next test's polls see only its own runs
@@ -182,17 +182,23 @@ class RecordedQueue:
     def send_dispatch(self, run_id: str) -> None:
         pass
 
+    def send_attribution(self, taken: Taken) -> None:
+        pass
+
 
 def score_online(lane: Lane, run_id: str) -> None:
     """The same run's items through the online engine, in this process (real litellm calls
     to the stub)."""
     queue = RecordedQueue()
-    runtime = Runtime.local(lane.settings, queue)
+    settings = lane.settings.model_copy(update={"dispatch_window": 1000})
+    runtime = Runtime.local(settings, queue)
     engine: Engine = runtime.engine
-    engine.dispatch_window = 1000
     engine.dispatch(run_id)
-    for item_id in queue.items:
-        engine.run_item(item_id)
+    for item_id in queue.items:  # one at a time: one request per item and stage, as batches
+        (outcome,) = engine.extract_group([item_id])
+        if isinstance(outcome, Continue):
+            outcome = engine.attribute(outcome.taken)
+        engine.settle(outcome)
     engine.runs.complete_if_done(run_id)
     runtime.close()
 

@@ -217,6 +217,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--format", choices=["jsonl", "csv"], default="jsonl")
             p.add_argument("--out", type=Path, help="file to write (default: stdout)")
         p.set_defaults(func=func)
+
+    from recallq import security_cli
+
+    security_cli.add_commands(sub)  # keys create|list|revoke, delete, estimate
     return parser
 
 

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from recallq import scoring
+from recallq.coordination.gate import RunCancelled
 from recallq.judge.base import NO_USAGE, Judge, JudgeError, TryLater, Usage
 from recallq.judge.registry import JudgeRegistry
 from recallq.outcomes import Continue, Deferred, Ended, Skipped, StageOutcome, Taken
@@ -53,9 +54,11 @@ class Owners(Protocol):
     def holder_alive(self, owner: str) -> bool: ...
 
 
-def cache_key(ground_truth: str, model: str, prompt_version: str) -> str:
-    payload = json.dumps([ground_truth, model, prompt_version], ensure_ascii=False)
-    return hashlib.sha256(payload.encode()).hexdigest()
+def cache_key(ground_truth: str, model: str, prompt_version: str, *, project: str) -> str:
+    """The claim cache's key. It includes the project: a hit must never tell one project
+    that another scored the same ground truth (or hand it the claims extracted there)."""
+    payload = json.dumps([project, ground_truth, model, prompt_version], ensure_ascii=False)
+    return hashlib.sha256(payload.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class Engine:
@@ -106,7 +109,9 @@ class Engine:
         judge = self._judge(taken)
         if isinstance(judge, Ended | Skipped | Deferred):
             return judge
-        key = cache_key(taken.ground_truth, taken.model, judge.prompt_version)
+        key = cache_key(
+            taken.ground_truth, taken.model, judge.prompt_version, project=taken.project
+        )
         claims = self.items.cached_claims(key)
         usage, hit = NO_USAGE, claims is not None
         if claims is None:
@@ -206,8 +211,14 @@ class Engine:
     def _settle_error(self, taken: Taken, exc: JudgeError) -> Ended | Skipped | Deferred:
         """A call that cannot succeed now (no rate-limit room, a provider incident) puts the
         item back in the queue until it can, keeping its claims and usage; a provider
-        incident fails it only once its run's retry deadline has passed. Any other error
-        fails it at once, with the provider's message."""
+        incident fails it only once its run's retry deadline has passed. A run whose budget
+        is spent is cancelled (reason "budget"), this item with it. Any other error fails it
+        at once, with the provider's message."""
+        if isinstance(exc, RunCancelled) and exc.reason == "budget":
+            if self.runs.cancel_for_budget(taken.run_id):
+                log.info("run %s reached its budget: cancelled", taken.run_id)
+            # the item is cancelled now: fail() finds it so and only charges what was spent
+            return self._fail(taken, str(exc), exc.usage)
         if not isinstance(exc, TryLater):
             return self._fail(taken, str(exc), exc.usage)
         if not exc.counts_towards_deadline:

@@ -21,6 +21,7 @@ from recallq.db import is_sqlite
 from recallq.engine import Engine
 from recallq.models import Item, Run, as_utc, utcnow
 from recallq.outcomes import Deferred
+from recallq.redact import install_log_redaction, redact_url
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.status import RUN_ENDED, ItemStatus
@@ -102,6 +103,7 @@ class LocalRunner:
 def local_runtime(settings: Settings, concurrency: int) -> tuple[Runtime, LocalRunner]:
     runner = LocalRunner(concurrency)
     runtime = Runtime.local(settings, runner)
+    install_log_redaction(runtime.redactor)
     runner.start(runtime.engine)
     return runtime, runner
 
@@ -228,7 +230,9 @@ def print_summary(
         if len(failures) > 10:
             print(f"  ... and {len(failures) - 10} more", file=stream)
     url = runtime.database.url
-    where = str(Path(url.removeprefix("sqlite:///")).resolve()) if is_sqlite(url) else url
+    where = (
+        str(Path(url.removeprefix("sqlite:///")).resolve()) if is_sqlite(url) else redact_url(url)
+    )
     print(f"\nresults: {where} (run {run_id})", file=stream)
     if out is not None:
         print(f"per-item results with claims: {out}", file=stream)

@@ -12,7 +12,8 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from recallq.models import Claim, Item, Run
+from recallq.db import Database
+from recallq.models import Claim, ClaimCache, Item, Run
 from recallq.status import ItemStatus, public_item_status, stored_item_statuses
 
 
@@ -54,6 +55,9 @@ def run_view(session: Session, run: Run) -> dict[str, Any]:
         "started_at": _iso(run.started_at),
         "finished_at": _iso(run.finished_at),
         "retry_deadline_s": run.retry_deadline_s,
+        "budget_usd": run.budget_usd,
+        "budget_tokens": run.budget_tokens,
+        "cancel_reason": run.cancel_reason,
         "counts": {
             "total": run.total_items,
             "pending": counts[ItemStatus.PENDING] + counts[ItemStatus.QUEUED],
@@ -168,14 +172,60 @@ def jsonl_lines(results: Iterator[dict[str, Any]]) -> Iterator[str]:
         yield json.dumps(result, ensure_ascii=False) + "\n"
 
 
-def csv_lines(results: Iterator[dict[str, Any]]) -> Iterator[str]:
-    """One row per item; the claims column holds them as JSON."""
+# A spreadsheet runs a cell that starts with one of these as a formula ("CSV injection"):
+# such cells get a leading apostrophe, which spreadsheets show as text and do not run.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(value: Any) -> Any:
+    """A CSV cell that no spreadsheet runs as a formula (numbers are left as they are)."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
+def csv_lines(results: Iterator[dict[str, Any]], header: bool = True) -> Iterator[str]:
+    """One row per item; the claims column holds them as JSON. Text cells are made
+    spreadsheet-safe (see spreadsheet_safe)."""
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=CSV_COLUMNS, extrasaction="ignore")
-    writer.writeheader()
+    if header:
+        writer.writeheader()
     for result in results:
-        writer.writerow({**result, "claims": json.dumps(result["claims"], ensure_ascii=False)})
+        row = {**result, "claims": json.dumps(result["claims"], ensure_ascii=False)}
+        writer.writerow({key: spreadsheet_safe(row.get(key)) for key in CSV_COLUMNS})
         yield buffer.getvalue()
         buffer.seek(0)
         buffer.truncate()
     yield buffer.getvalue()
+
+
+def run_budget(database: Database, run_id: str) -> tuple[float | None, int | None] | None:
+    """A run's budget (usd, tokens), or None when there is no such run."""
+    with database.single_statement() as conn:
+        row = conn.execute(
+            select(Run.budget_usd, Run.budget_tokens).where(Run.id == run_id)
+        ).one_or_none()
+    return None if row is None else (row.budget_usd, row.budget_tokens)
+
+
+def run_spent(database: Database, run_id: str) -> tuple[float, int]:
+    """What a run's items have recorded as used: (usd, prompt + completion tokens)."""
+    with database.single_statement() as conn:
+        row = conn.execute(
+            select(
+                func.coalesce(func.sum(Item.cost_usd), 0.0),
+                func.coalesce(func.sum(Item.prompt_tokens + Item.completion_tokens), 0),
+            ).where(Item.run_id == run_id)
+        ).one()
+    return float(row[0]), int(row[1])
+
+
+def cached_claims(session: Session, keys: list[str]) -> dict[str, list[str]]:
+    """The claim cache's claims for those of these keys it holds."""
+    if not keys:
+        return {}
+    rows = session.execute(
+        select(ClaimCache.key, ClaimCache.claims).where(ClaimCache.key.in_(keys))
+    )
+    return {key: list(claims) for key, claims in rows}

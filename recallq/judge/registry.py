@@ -12,6 +12,7 @@ from recallq.coordination.ratelimit import RateLimiter
 from recallq.judge.base import Judge, PermanentJudgeError
 from recallq.judge.lexical import LexicalJudge
 from recallq.model_registry import LEXICAL, ModelConfig, ModelRegistryError
+from recallq.redact import Redactor
 from recallq.retry import RetryPolicy
 
 
@@ -25,14 +26,17 @@ class JudgeRegistry:
         policy: RetryPolicy,
         request_timeout: float,
         judges: Mapping[str, Judge] | None = None,
+        redact: Redactor | None = None,
     ) -> None:
-        """`judges` are ready-made judges by name (tests put doubles of a provider here)."""
+        """`judges` are ready-made judges by name (tests put doubles of a provider here);
+        `redact` takes secrets out of provider error text (see recallq.redact)."""
         self.models = models
         self._limiter_for = limiter_for
         self._gate = gate
         self.breaker = breaker
         self._policy = policy
         self._timeout = request_timeout
+        self._redact = redact
         self._judges: dict[str, Judge] = {LEXICAL: LexicalJudge(), **(judges or {})}
         self._lock = threading.Lock()
 
@@ -51,6 +55,14 @@ class JudgeRegistry:
 
         try:
             limiter = self._limiter_for(config)
-            return LLMJudge(config, self._policy, limiter, self._gate, self.breaker, self._timeout)
+            return LLMJudge(
+                config,
+                self._policy,
+                limiter,
+                self._gate,
+                self.breaker,
+                self._timeout,
+                self._redact,
+            )
         except ModelRegistryError as exc:  # a missing key fails each item at once, not later
             raise PermanentJudgeError(str(exc)) from exc

@@ -14,7 +14,7 @@ from recallq import migrate
 from recallq.models import Base
 from tests.services import PostgresDatabase
 
-TABLES = {"runs", "items", "claims", "claim_cache"}
+TABLES = {"runs", "items", "claims", "claim_cache", "api_keys"}
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])

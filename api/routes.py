@@ -344,7 +344,7 @@ def _decode_cursor(cursor: str | None) -> int | None:
     if len(cursor) <= MAX_CURSOR_LENGTH and cursor.isascii():
         try:
             decoded = base64.urlsafe_b64decode(cursor.encode() + b"==").decode()
-            if decoded.isdigit() and len(decoded) <= 10:
+            if decoded.isascii() and decoded.isdigit() and len(decoded) <= 10:
                 index = int(decoded)
         except ValueError:
             pass

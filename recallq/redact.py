@@ -148,10 +148,19 @@ _factory_lock = threading.Lock()
 _plain_factory: Callable[..., logging.LogRecord] | None = None
 
 
+def _redacted_argument(redact: Redactor, value: Any) -> Any:
+    """A log argument with secrets out: text is redacted; numbers, booleans and None stay
+    what they are (a `%d` still formats); anything else becomes its redacted text."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return redact(value)
+
+
 def install_log_redaction(redact: Redactor) -> None:
     """Every log record this process makes from now on is redacted when it is made: its
-    message (with its arguments merged in) and its traceback. Done in the record factory, so
-    it holds for every logger and handler, including those a framework sets up later.
+    message, each of its arguments, and its traceback. Done in the record factory, so it holds
+    for every logger and handler, including those a framework sets up later. The arguments
+    stay arguments (formatters such as uvicorn's access log read them one by one).
     Installing again replaces the redactor."""
     global _plain_factory
     with _factory_lock:
@@ -161,11 +170,23 @@ def install_log_redaction(redact: Redactor) -> None:
 
     def redacted_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
         record = plain(*args, **kwargs)
-        try:
-            message = record.getMessage()
-        except Exception:  # noqa: BLE001  (a bad format string: keep what there is)
-            message = str(record.msg)
-        record.msg, record.args = redact(message), None
+        message = redact(record.msg)  # a non-string message becomes its redacted text
+        if record.args and message != record.msg:
+            # the format string itself held a secret (and perhaps lost a placeholder with
+            # it): redact the merged message instead
+            try:
+                merged = record.getMessage()
+            except Exception:  # noqa: BLE001  (a format that does not fit its arguments)
+                merged = str(record.msg)
+            record.msg, record.args = redact(merged), None
+        else:
+            record.msg = message
+        if isinstance(record.args, tuple):
+            record.args = tuple(_redacted_argument(redact, value) for value in record.args)
+        elif isinstance(record.args, dict):
+            record.args = {
+                key: _redacted_argument(redact, value) for key, value in record.args.items()
+            }
         if record.exc_info and not record.exc_text:
             record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
         if record.stack_info:

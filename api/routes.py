@@ -402,11 +402,15 @@ def _check_run(runtime: Runtime, run_id: str, project: str) -> None:
 
 
 def _results_page(
-    runtime: Runtime, run_id: str, after: int | None
-) -> tuple[list[dict[str, Any]], int | None]:
-    """One page of results in its own short transaction."""
+    runtime: Runtime, run_id: str, after: int | None, format: str, first: bool
+) -> tuple[str, int | None]:
+    """One page of results, read in its own short transaction and rendered, in a worker
+    thread (rendering a page is CPU work the event loop should not do)."""
     with runtime.database.session() as session:
-        return queries.items_page(session, run_id, None, RESULTS_PAGE, after)
+        page, after = queries.items_page(session, run_id, None, RESULTS_PAGE, after)
+    if format == "csv":
+        return "".join(queries.csv_lines(iter(page), header=first)), after
+    return "".join(queries.jsonl_lines(iter(page))), after
 
 
 RESULTS_CONTENT = {
@@ -434,11 +438,10 @@ async def results(
         after: int | None = None
         first = True
         while True:
-            page, after = await anyio.to_thread.run_sync(_results_page, runtime, run_id, after)
-            if format == "csv":
-                yield "".join(queries.csv_lines(iter(page), header=first))
-            else:
-                yield "".join(queries.jsonl_lines(iter(page)))
+            text, after = await anyio.to_thread.run_sync(
+                _results_page, runtime, run_id, after, format, first
+            )
+            yield text
             first = False
             if after is None:
                 return

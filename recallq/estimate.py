@@ -34,8 +34,9 @@ from recallq.judge.lexical import split_claims
 from recallq.model_registry import LEXICAL, ModelConfig
 
 CHARS_PER_TOKEN = 4
-# a verdict's JSON, its reason included, is about this long
-VERDICT_CHARS = 140
+# a verdict's JSON is about this long: some 70 characters of keys and values, and a reason of
+# one short sentence
+VERDICT_CHARS = 120
 PRICE_MAP_FILE = "model_prices_and_context_window_backup.json"
 
 

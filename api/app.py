@@ -107,7 +107,9 @@ def _allow_header_on_405(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         if exc.status_code == 405:
             methods: set[str] = set()
-            for route in request.app.router.routes:
+            # the app's own routes and those of the API's router (FastAPI wraps an included
+            # router in an object of its own: its routes are looked at here directly)
+            for route in [*request.app.router.routes, *router.routes]:
                 match, _ = route.matches(request.scope)
                 if match != Match.NONE:
                     methods.update(getattr(route, "methods", None) or ())
@@ -153,9 +155,17 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     error_ref = {"$ref": "#/components/schemas/ErrorResponse"}
     for path in spec.get("paths", {}).values():
         for operation in path.values():
-            for status, response in operation.get("responses", {}).items():
-                if status.startswith(("4", "5")):
+            responses = operation.setdefault("responses", {})
+            for status, response in responses.items():
+                if status.startswith("4"):
                     response["content"] = {"application/json": {"schema": error_ref}}
+            # any request may be one the HTTP server itself cannot parse (a NUL in a header,
+            # a head too long): it answers 400 in plain text before recallq sees it
+            responses.setdefault("400", {"description": "Malformed request"})
+            responses["400"]["content"] = {
+                "application/json": {"schema": error_ref},
+                "text/plain": {"schema": {"type": "string"}},
+            }
     for unused in ("HTTPValidationError", "ValidationError"):
         components.pop(unused, None)
     app.openapi_schema = spec

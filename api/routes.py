@@ -237,8 +237,13 @@ SUBMISSION_BODY = {
     "content": {
         "application/json": {"schema": {"$ref": "#/components/schemas/RunSubmission"}},
         NDJSON: {
-            "schema": {"type": "string", "description": "one SubmittedItem as JSON per line"},
-            "example": '{"id": "q1", "ground_truth": "...", "context": ["..."]}\n',
+            "schema": {
+                "type": "array",
+                "items": {"$ref": "#/components/schemas/SubmittedItem"},
+                "description": "the items, one JSON object per line (run fields as query "
+                "parameters)",
+            },
+            "example": [{"id": "q1", "ground_truth": "...", "context": ["..."]}],
         },
     },
 }
@@ -268,10 +273,15 @@ async def create_run(
     model: Annotated[str | None, Query(max_length=200)] = None,
     scale: Annotated[float, Query(gt=0, le=ingest.MAX_SCALE)] = 1,
     context: Annotated[
-        str | None, Query(max_length=65536, description="JSON list of static context passages")
+        str | None,
+        Query(
+            max_length=2000,
+            description="JSON list of static context passages (it travels in the URL: send a "
+            "long one in a JSON body)",
+        ),
     ] = None,
     context_extractor: Annotated[
-        str | None, Query(max_length=4096, description="JSON extractor spec")
+        str | None, Query(max_length=2000, description="JSON extractor spec")
     ] = None,
     retry_deadline_s: Annotated[float | None, Query(gt=0, le=ingest.MAX_RETRY_DEADLINE)] = None,
     budget_usd: Annotated[float | None, Query(gt=0, le=ingest.MAX_BUDGET_USD)] = None,

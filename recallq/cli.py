@@ -65,6 +65,9 @@ def cmd_api(args: argparse.Namespace) -> int:
         port=args.port,
         workers=args.workers,
         log_level="info",
+        # a request's head (line and headers) may be this long: room for run fields as
+        # query parameters of an NDJSON upload, a bound for everything else
+        h11_max_incomplete_event_size=64 * 1024,
     )
     return 0
 

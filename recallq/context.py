@@ -190,12 +190,13 @@ def _compile(expression: str) -> Any:
 # --- bounded values --------------------------------------------------------------------------
 
 
-class _TooLarge(Exception):
-    """A value passed its byte limit (turned into a ContextError naming the limit)."""
+class ValueTooLarge(Exception):
+    """A value passed its byte limit (callers turn it into a ContextError naming the
+    limit)."""
 
 
 def bounded_json(value: Any, max_bytes: int, compact: bool = False) -> str:
-    """JSON text of `value`, keys sorted, or _TooLarge as soon as it passes `max_bytes` UTF-8
+    """JSON text of `value`, keys sorted, or ValueTooLarge as soon as it passes `max_bytes` UTF-8
     bytes: the encoder yields pieces as it goes, so a value whose parts share references
     costs at most the limit to find too large, never its full size."""
     pieces, size = [], 0
@@ -208,14 +209,14 @@ def bounded_json(value: Any, max_bytes: int, compact: bool = False) -> str:
     for piece in encoder.iterencode(value):
         size += len(piece.encode("utf-8", "surrogatepass"))
         if size > max_bytes:
-            raise _TooLarge
+            raise ValueTooLarge
         pieces.append(piece)
     return "".join(pieces)
 
 
 def _measure(value: Any, max_bytes: int, deadline: float) -> int:
     """About the size of `value` as JSON, counting shared parts as often as they appear;
-    _TooLarge past `max_bytes`. Walks without recursion and stops at the limit."""
+    ValueTooLarge past `max_bytes`. Walks without recursion and stops at the limit."""
     size, stack, steps = 0, [value], 0
     while stack:
         current = stack.pop()
@@ -235,7 +236,7 @@ def _measure(value: Any, max_bytes: int, deadline: float) -> int:
         else:
             size += 8
         if size > max_bytes:
-            raise _TooLarge
+            raise ValueTooLarge
     return size
 
 
@@ -258,7 +259,7 @@ class _BoundedFunctions:
             texts = [text for text in array if isinstance(text, str)]
             size = len(separator) * max(0, len(array) - 1) if isinstance(separator, str) else 0
             if size + sum(len(text) for text in texts) > self._max_bytes:
-                raise _TooLarge
+                raise ValueTooLarge
         elif name == "to_string" and len(arguments) == 1 and not isinstance(arguments[0], str):
             return bounded_json(arguments[0], self._max_bytes, compact=True)  # as JMESPath's
         return self._functions.call_function(name, arguments)
@@ -306,7 +307,7 @@ def search(expression: str, data: Any, limits: ContextLimits = DEFAULT_LIMITS) -
     interpreter = _BoundedInterpreter(limits.max_bytes, deadline)
     try:
         return interpreter.visit(parsed.parsed, data)
-    except _TooLarge:
+    except ValueTooLarge:
         raise ContextError(
             f"context_extractor expression built a value larger than {limits.max_bytes} bytes"
         ) from None
@@ -357,7 +358,7 @@ def is_agent_shaped(input: Any, output: Any) -> bool:
 def _json(value: Any, max_bytes: int = DEFAULT_LIMITS.max_bytes) -> str:
     try:
         return bounded_json(value, max_bytes)
-    except _TooLarge:
+    except ValueTooLarge:
         raise ContextError(
             f"a context passage is larger than {max_bytes} bytes as JSON; at most "
             f"{max_bytes} are allowed per item"

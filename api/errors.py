@@ -56,35 +56,37 @@ def not_found(what: str) -> ApiError:
     return ApiError(404, "not_found", f"{what} not found")
 
 
-# statuses that may answer a request whose body was not read (or not all of it)
-REFUSED_UNREAD = frozenset({400, 401, 403, 408, 413, 415, 429, 503})
-
-
-def _closing(status: int, headers: dict[str, str] | None) -> dict[str, str] | None:
-    """A request refused before its body was read ends its connection: the rest of the body
-    is not read (a client cannot make the server drain gigabytes after a refusal)."""
-    if status in REFUSED_UNREAD:
+def _closing(request: Request, headers: dict[str, str] | None) -> dict[str, str] | None:
+    """An error answering a request that came with a body ends the connection: the body may
+    not have been read (a refusal comes before it is), and the server does not read on after
+    its answer, so a client cannot make it drain gigabytes it has already refused."""
+    has_body = request.headers.get("content-length", "0") != "0" or (
+        "transfer-encoding" in request.headers
+    )
+    if has_body:
         return {**(headers or {}), "Connection": "close"}
     return headers
 
 
 def install(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.code, exc.message, _closing(exc.status, exc.headers))
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        headers = _closing(request, exc.headers)
+        return error_response(exc.status, exc.code, exc.message, headers)
 
     @app.exception_handler(SubmissionError)
-    async def _submission_error(_: Request, exc: SubmissionError) -> JSONResponse:
+    async def _submission_error(request: Request, exc: SubmissionError) -> JSONResponse:
         headers = None
         if isinstance(exc, QuotaExceeded):
             headers = {"Retry-After": str(exc.retry_after)}
-        return error_response(exc.status, exc.code, exc.message, _closing(exc.status, headers))
+        return error_response(exc.status, exc.code, exc.message, _closing(request, headers))
 
     @app.exception_handler(RequestValidationError)
-    async def _validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
+    async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:
         first = exc.errors()[0] if exc.errors() else {}
         where = ".".join(str(part) for part in first.get("loc", ()) if part != "body")
-        return error_response(422, "invalid_request", f"{where}: {first.get('msg', 'invalid')}")
+        message = f"{where}: {first.get('msg', 'invalid')}"
+        return error_response(422, "invalid_request", message, _closing(request, None))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

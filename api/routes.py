@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 import anyio.to_thread
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
+from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
@@ -98,7 +99,16 @@ def _admit(runtime: Runtime, principal: Principal, limiter: Any, dry_run: bool) 
     """Before a byte of the body is read: the key's submission rate, then (for a real run)
     the project's cap on active runs. Runs in a worker thread (Redis, the database)."""
     if limiter is not None:
-        wait = limiter.admit(principal.key_id or ANONYMOUS)
+        try:
+            wait = limiter.admit(principal.key_id or ANONYMOUS)
+        except RedisError:
+            # no way to count this key's submissions: refuse rather than let it through
+            raise ApiError(
+                503,
+                "unavailable",
+                "cannot check the submission rate now; retry",
+                {"Retry-After": "10"},
+            ) from None
         if wait is not None:
             raise ApiError(
                 429,

@@ -215,3 +215,26 @@ def test_a_provider_echoing_the_key_leaks_it_nowhere(served, stub, env: dict[str
     assert leaks == []
     # nor a recognisable piece of it
     assert not any(SECRET[-16:] in text for text in seen)
+
+
+def test_the_cli_estimate_is_the_dry_run_estimate(
+    served, env: dict[str, str], tmp_path: Path
+) -> None:  # type: ignore[no-untyped-def]
+    from tests.integration.secured import recallq
+
+    url, key, _, _ = served
+    items = _items(7, uuid.uuid4().hex[:8])
+    data = tmp_path / "items.jsonl"
+    data.write_text("".join(json.dumps(item) + "\n" for item in items))
+    done = recallq(env, "estimate", str(data), "--model", "stub-priced", "--json")
+    assert done.returncode == 0, done.stderr
+    local = json.loads(done.stdout)
+    served_estimate = submit(
+        url, key, {"model": "stub-priced", "items": items}, params={"dry_run": "true"}
+    ).json()
+    for field in ("items", "calls", "prompt_tokens", "completion_tokens", "cost_usd"):
+        assert local[field] == served_estimate[field], field
+    table = recallq(env, "estimate", str(data), "--model", "stub-priced")
+    assert "judge calls        14 (0 claim-cache hits)" in table.stdout
+    unknown = recallq(env, "estimate", str(data), "--model", "nope")
+    assert unknown.returncode == 2 and "unknown model" in unknown.stderr

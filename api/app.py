@@ -1,15 +1,45 @@
-"""The FastAPI application: `create_app()` builds it with its runtime (uvicorn's factory)."""
+"""The FastAPI application: `create_app()` builds it with its runtime (uvicorn's factory).
+
+Also here: the OpenAPI document made true (the error shape for every error status, the
+bearer scheme, the JSON and NDJSON submission bodies), `/docs` served from assets shipped in
+the package (api/static: no page loads anything from another site), a 405 whose `Allow`
+lists every method of the path, and a few response headers that keep browsers careful.
+"""
 
 from __future__ import annotations
 
-from celery import Celery
-from fastapi import FastAPI
+import inspect
+import logging
+from pathlib import Path
+from typing import Any
 
-from api import errors
+from celery import Celery
+from fastapi import FastAPI, Request
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.openapi.utils import get_openapi
+from fastapi.responses import HTMLResponse
+from fastapi.staticfiles import StaticFiles
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import Match
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from api import errors, schemas
+from api.body import SpoolBudget
 from api.routes import router
 from recallq import broker
+from recallq.apikeys import KeyStore
+from recallq.coordination.submissions import SubmissionLimiter
+from recallq.redact import install_log_redaction, redact_url
 from recallq.runtime import Runtime
 from recallq.settings import Settings
+
+log = logging.getLogger(__name__)
+STATIC = Path(__file__).parent / "static"
+SECURITY_HEADERS = [
+    (b"x-content-type-options", b"nosniff"),
+    (b"x-frame-options", b"DENY"),
+    (b"referrer-policy", b"no-referrer"),
+]
 
 
 def create_app(runtime: Runtime | None = None) -> FastAPI:
@@ -18,8 +48,126 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
         sender = broker.configure(Celery("recallq-api"), settings.redis_url)
         queue = broker.CeleryQueue(sender, settings.extraction_pack)
         runtime = Runtime.distributed(settings, queue)
-    app = FastAPI(title="recallq", version="0.1.0")
+    settings = runtime.settings
+    install_log_redaction(runtime.redactor)
+    app = FastAPI(
+        title="recallq",
+        version="0.1.0",
+        description="Context-recall scoring for RAG evaluation, as a service.",
+        docs_url=None,
+        redoc_url=None,
+    )
     app.state.runtime = runtime
+    app.state.keys = KeyStore(runtime.database)
+    app.state.spool_budget = SpoolBudget(settings.max_spool_bytes)
+    if runtime.redis is not None:
+        app.state.submissions = SubmissionLimiter(
+            runtime.redis, settings.submissions_per_minute, settings.submission_burst
+        )
+    if settings.auth == "off":
+        log.warning(
+            "RECALLQ_AUTH=off: every request acts in project 'default' with every role, "
+            "without a key. Anyone who can reach %s can read, submit and delete runs.",
+            "this API",
+        )
+    log.info("database %s", redact_url(settings.database_url))
     errors.install(app)
+    _allow_header_on_405(app)
     app.include_router(router)
+    _docs(app)
+    app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    app.add_middleware(_SecurityHeaders)
     return app
+
+
+class _SecurityHeaders:
+    """nosniff, no framing, no referrer: the API serves JSON, CSV and one docs page."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, send_with_headers)
+
+
+def _allow_header_on_405(app: FastAPI) -> None:
+    """Starlette's 405 names only the methods of the first route that matched the path; the
+    answer should name every method the path has."""
+    plain = app.exception_handlers[StarletteHTTPException]
+
+    async def handler(request: Request, exc: Exception) -> Any:
+        assert isinstance(exc, StarletteHTTPException)
+        if exc.status_code == 405:
+            methods: set[str] = set()
+            # the app's own routes and those of the API's router (FastAPI wraps an included
+            # router in an object of its own: its routes are looked at here directly)
+            for route in [*request.app.router.routes, *router.routes]:
+                match, _ = route.matches(request.scope)
+                if match != Match.NONE:
+                    methods.update(getattr(route, "methods", None) or ())
+            if methods:
+                exc.headers = {**(exc.headers or {}), "Allow": ", ".join(sorted(methods))}
+        response = plain(request, exc)
+        return await response if inspect.isawaitable(response) else response
+
+    app.add_exception_handler(StarletteHTTPException, handler)
+
+
+def _docs(app: FastAPI) -> None:
+    app.mount("/docs/static", StaticFiles(directory=STATIC), name="docs-static")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url="/openapi.json",
+            title="recallq API",
+            swagger_js_url="/docs/static/swagger-ui-bundle.js",
+            swagger_css_url="/docs/static/swagger-ui.css",
+            swagger_favicon_url="/docs/static/favicon-32x32.png",
+            # no call to the public validator service either
+            swagger_ui_parameters={"validatorUrl": None},
+        )
+
+
+def _openapi(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document, with every error response in recallq's error shape and the
+    submission body's JSON schema among the components."""
+    if app.openapi_schema:
+        return app.openapi_schema
+    spec = get_openapi(
+        title=app.title, version=app.version, description=app.description, routes=app.routes
+    )
+    components = spec.setdefault("components", {}).setdefault("schemas", {})
+    submission = schemas.RunSubmission.model_json_schema(
+        ref_template="#/components/schemas/{model}"
+    )
+    components.update(submission.pop("$defs", {}))
+    components["RunSubmission"] = submission
+    components.setdefault("ErrorResponse", schemas.ErrorResponse.model_json_schema())
+    error_ref = {"$ref": "#/components/schemas/ErrorResponse"}
+    for path in spec.get("paths", {}).values():
+        for operation in path.values():
+            responses = operation.setdefault("responses", {})
+            for status, response in responses.items():
+                if status.startswith("4"):
+                    response["content"] = {"application/json": {"schema": error_ref}}
+            # any request may be one the HTTP server itself cannot parse (a NUL in a header,
+            # a head too long): it answers 400 in plain text before recallq sees it
+            responses.setdefault("400", {"description": "Malformed request"})
+            responses["400"]["content"] = {
+                "application/json": {"schema": error_ref},
+                "text/plain": {"schema": {"type": "string"}},
+            }
+    for unused in ("HTTPValidationError", "ValidationError"):
+        components.pop(unused, None)
+    app.openapi_schema = spec
+    return spec

@@ -1,30 +1,39 @@
-"""HTTP routes: parse, check, store, queue. No scoring happens here."""
+"""HTTP routes: parse, check, store, queue. No scoring happens here.
+
+Every /v1 route acts within the project of the caller's key (api.auth). Nothing a route does
+waits on a client while it holds a thread, a transaction or a pooled connection: bodies are
+received in the event loop and spooled first (api.body), results are read one page per short
+transaction, and /healthz touches neither the database nor the thread pool.
+"""
 
 from __future__ import annotations
 
 import base64
+import itertools
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Callable, Iterable
 from typing import Annotated, Any, Literal
 
 import anyio.to_thread
-from fastapi import APIRouter, Depends, Header, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
+from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from api.auth import current_project
-from api.body import blocking_lines, read_body
+from api import schemas
+from api.auth import AdminProject, Project, WriteProject, Writer
+from api.body import Pace, SpooledUpload, read_json_body, spool_ndjson
 from api.errors import ApiError, not_found
-from recallq import export, ingest, model_registry, queries
+from recallq import export, ingest, inputs, model_registry, queries, quotas
+from recallq.apikeys import Principal
 from recallq.models import Run
 from recallq.runtime import Runtime
-from recallq.store import RunCancelledError, RunNotFound
+from recallq.store import RunActiveError, RunCancelledError, RunNotFound
 
 log = logging.getLogger(__name__)
 router = APIRouter()
-Project = Annotated[str, Depends(current_project)]
 NDJSON = "application/x-ndjson"
 RUN_FIELDS = {
     "name",
@@ -34,8 +43,16 @@ RUN_FIELDS = {
     "context",
     "context_extractor",
     "retry_deadline_s",
+    "budget_usd",
+    "budget_tokens",
     "items",
 }
+MAX_ID_LENGTH = 200  # run ids are UUIDs; item ids at most 200 characters
+MAX_CURSOR_LENGTH = 64
+MAX_CURSOR_INDEX = 2**31 - 1  # items.idx is an INTEGER
+RESULTS_PAGE = 500
+ANONYMOUS = "auth-off"  # the rate-limit key of every caller when RECALLQ_AUTH=off
+errors = schemas.error_responses
 
 
 def _runtime(request: Request) -> Runtime:
@@ -55,112 +72,157 @@ def queue_run(runtime: Runtime, run_id: str) -> None:
         log.warning("could not queue run %s now; the reaper will", run_id, exc_info=True)
 
 
+def _plausible_id(value: str) -> bool:
+    """An id the database can hold: else it cannot name anything stored (a 404, not a 500)."""
+    return len(value) <= MAX_ID_LENGTH and inputs.text_problem(value) is None
+
+
 def _run_or_404(session: Session, run_id: str, project: str) -> Run:
-    run = session.get(Run, run_id)
+    run = session.get(Run, run_id) if _plausible_id(run_id) else None
     if run is None or run.project != project:
-        raise not_found(f"run {run_id}")
+        raise not_found(f"run {run_id[:80]}")
     return run
 
 
-def _json_param(name: str, raw: str | None) -> Any:
+# --- submissions ----------------------------------------------------------------------------
+
+
+def _json_param(name: str, raw: str | None, max_depth: int) -> Any:
     if raw is None:
         return None
     try:
-        return json.loads(raw)
-    except json.JSONDecodeError as exc:
-        raise ApiError(422, "invalid_request", f"{name} must be JSON: {exc.msg}") from exc
+        return inputs.loads(raw, max_depth, where=name)
+    except inputs.UnsafeInput as exc:
+        raise ApiError(422, "invalid_request", f"{exc} (query parameter)") from None
 
 
-def _store(runtime: Runtime, spec: ingest.RunSpec, items: Any) -> tuple[dict[str, Any], bool]:
-    """Write the run (or find the one this idempotency key made). Runs in a worker thread."""
-    with runtime.database.session() as session:
-        existing = ingest.find_by_idempotency_key(session, spec)
-        if existing is not None:
-            ingest.check_same_submission(existing, spec, items)
-            return runtime.run_view(session, existing), False
-        run = ingest.create_run(session, runtime.runs, spec, items, runtime.settings)
-        session.flush()
-        view = runtime.run_view(session, run)
-    return view, True
-
-
-@router.post("/v1/runs", status_code=202)
-async def create_run(
-    request: Request,
-    runtime: Rt,
-    project: Project,
-    idempotency_key: Annotated[str | None, Header(max_length=200)] = None,
-    name: str | None = None,
-    model: str | None = None,
-    scale: float = 1,
-    context: str | None = Query(None, description="JSON list of static context passages"),
-    context_extractor: str | None = Query(None, description="JSON extractor spec"),
-    retry_deadline_s: float | None = None,
-    mode: Literal["online", "batch"] | None = None,
-) -> JSONResponse:
-    settings = runtime.settings
-    known = runtime.models
-    batch_models = model_registry.batch_models(known)
-    content_type = request.headers.get("content-type", "").split(";")[0].strip()
-    if content_type == NDJSON:
-        spec = ingest.build_spec(
-            model=model,
-            default_model=settings.default_model,
-            known_models=known,
-            name=name,
-            scale=scale,
-            context=_json_param("context", context),
-            context_extractor=_json_param("context_extractor", context_extractor),
-            project=project,
-            idempotency_key=idempotency_key,
-            retry_deadline_s=retry_deadline_s,
-            default_retry_deadline=settings.retry_deadline,
-            mode=mode,
-            batch_models=batch_models,
-        )
-        lines = blocking_lines(request.stream(), settings.max_body_bytes, settings.max_item_bytes)
-        items: Any = ingest.parse_ndjson_lines(lines, settings.max_item_bytes)
-    elif content_type in ("application/json", ""):
-        body = await read_body(request, settings.max_body_bytes)
+def _admit(runtime: Runtime, principal: Principal, limiter: Any, dry_run: bool) -> None:
+    """Before a byte of the body is read: the key's submission rate, then (for a real run)
+    the project's cap on active runs. Runs in a worker thread (Redis, the database)."""
+    if limiter is not None:
         try:
-            payload = json.loads(body)
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise ApiError(400, "invalid_json", f"body is not valid JSON: {exc}") from exc
-        if not isinstance(payload, dict) or not isinstance(payload.get("items"), list):
-            raise ApiError(422, "invalid_request", 'body must be an object with an "items" list')
-        unknown = set(payload) - RUN_FIELDS
-        if unknown:
+            wait = limiter.admit(principal.key_id or ANONYMOUS)
+        except RedisError:
+            # no way to count this key's submissions: refuse rather than let it through
             raise ApiError(
-                422, "invalid_request", f"unknown field(s): {', '.join(sorted(unknown))}"
+                503,
+                "unavailable",
+                "cannot check the submission rate now; retry",
+                {"Retry-After": "10"},
+            ) from None
+        if wait is not None:
+            raise ApiError(
+                429,
+                "rate_limited",
+                f"too many submissions with this key; retry in {wait:g} s",
+                {"Retry-After": str(int(wait))},
             )
-        spec = ingest.build_spec(
-            model=payload.get("model"),
-            default_model=settings.default_model,
-            known_models=known,
-            name=payload.get("name"),
-            scale=payload.get("scale", 1),
-            context=payload.get("context"),
-            context_extractor=payload.get("context_extractor"),
-            project=project,
-            idempotency_key=idempotency_key,
-            retry_deadline_s=payload.get("retry_deadline_s"),
-            default_retry_deadline=settings.retry_deadline,
-            mode=payload.get("mode"),
-            batch_models=batch_models,
-        )
-        items = payload["items"]
-        if len(body) > settings.max_item_bytes:  # else no item can be over the limit
-            items = _within_item_limit(items, settings.max_item_bytes)
-    else:
-        raise ApiError(415, "unsupported_media_type", f"use application/json or {NDJSON}")
-    view, created = await anyio.to_thread.run_sync(_store, runtime, spec, items)
-    if created:
-        queue_run(runtime, view["id"])
-    return JSONResponse(view, status_code=202)
+    if not dry_run:
+        with runtime.database.session() as session:
+            quotas.check_active_runs(
+                session, principal.project, runtime.settings.max_active_runs_per_project
+            )
 
 
-def _within_item_limit(items: list[Any], max_bytes: int) -> Iterator[Any]:
-    """A JSON body's items under the same per-item limit as NDJSON lines."""
+def _spec_from_payload(
+    runtime: Runtime, payload: Any, project: str, key: str | None
+) -> ingest.RunSpec:
+    settings = runtime.settings
+    if not isinstance(payload, dict) or not isinstance(payload.get("items"), list):
+        raise ApiError(422, "invalid_request", 'body must be an object with an "items" list')
+    unknown = set(payload) - RUN_FIELDS
+    if unknown:
+        names = ", ".join(sorted(name[:40] for name in unknown)[:10])
+        raise ApiError(422, "invalid_request", f"unknown field(s): {names}")
+    return ingest.build_spec(
+        model=payload.get("model"),
+        default_model=settings.default_model,
+        known_models=runtime.models,
+        name=payload.get("name"),
+        scale=payload.get("scale", 1),
+        context=payload.get("context"),
+        context_extractor=payload.get("context_extractor"),
+        project=project,
+        idempotency_key=key,
+        retry_deadline_s=payload.get("retry_deadline_s"),
+        default_retry_deadline=settings.retry_deadline,
+        budget_usd=payload.get("budget_usd"),
+        budget_tokens=payload.get("budget_tokens"),
+        limits=ingest.limits_of(settings),
+        mode=payload.get("mode"),
+        batch_models=model_registry.batch_models(runtime.models),
+    )
+
+
+def _store(
+    runtime: Runtime, spec: ingest.RunSpec, items: Callable[[], Iterable[Any]], count: int
+) -> tuple[dict[str, Any], bool]:
+    """Write the run, or find the one this Idempotency-Key made (also when a concurrent twin
+    stored it first). Runs in a worker thread, on a body already received."""
+    settings = runtime.settings
+
+    def replay(session: Session) -> tuple[dict[str, Any], bool] | None:
+        existing = ingest.find_by_idempotency_key(session, spec)
+        if existing is None:
+            return None
+        ingest.check_same_submission(existing, spec, itertools.repeat(None, count))
+        return runtime.run_view(session, existing), False
+
+    try:
+        with runtime.database.session() as session:
+            if (found := replay(session)) is not None:
+                return found
+            quotas.lock_project(session, spec.project)
+            if (found := replay(session)) is not None:  # a twin committed while we waited
+                return found
+            quotas.check_new_run(
+                session,
+                spec.project,
+                count,
+                settings.max_active_runs_per_project,
+                settings.max_queued_items_per_project,
+            )
+            run = ingest.create_run(session, runtime.runs, spec, items(), settings)
+            session.flush()
+            view = runtime.run_view(session, run)
+        return view, True
+    except ingest.IdempotencyRace:
+        with runtime.database.session() as session:
+            found = replay(session)
+        if found is None:  # the twin was rolled back after all
+            raise ApiError(
+                409, "conflict", "a submission with this Idempotency-Key failed; retry"
+            ) from None
+        return found
+
+
+def _estimate(
+    runtime: Runtime, spec: ingest.RunSpec, items: Callable[[], Iterable[Any]]
+) -> dict[str, Any]:
+    with runtime.database.session() as session:
+        estimate = ingest.estimate_run(session, spec, items(), runtime.settings, runtime.models)
+    return {"dry_run": True, **estimate.as_dict()}
+
+
+def _submit_json(
+    runtime: Runtime, body: bytes, principal: Principal, key: str | None, dry_run: bool
+) -> tuple[dict[str, Any], bool]:
+    try:
+        payload = inputs.loads(body, runtime.settings.max_json_depth)
+    except inputs.UnsafeInput as exc:
+        raise ApiError(400, "invalid_json", str(exc)) from None
+    spec = _spec_from_payload(runtime, payload, principal.project, key)
+    items: Iterable[Any] = payload["items"]
+    max_item = runtime.settings.max_item_bytes
+    if len(body) > max_item:  # else no item can be over the limit
+        items = list(_within_item_limit(payload["items"], max_item))
+    if dry_run:
+        return _estimate(runtime, spec, lambda: items), False
+    return _store(runtime, spec, lambda: items, len(payload["items"]))
+
+
+def _within_item_limit(items: list[Any], max_bytes: int) -> Iterable[Any]:
+    """A JSON body's items under the same per-item limit as NDJSON lines (413 past it)."""
     for index, item in enumerate(items):
         if len(json.dumps(item, ensure_ascii=False).encode()) > max_bytes:
             raise ingest.SubmissionError(
@@ -169,21 +231,153 @@ def _within_item_limit(items: list[Any], max_bytes: int) -> Iterator[Any]:
         yield item
 
 
+def _submit_ndjson(
+    runtime: Runtime, spec: ingest.RunSpec, upload: SpooledUpload, dry_run: bool
+) -> tuple[dict[str, Any], bool]:
+    settings = runtime.settings
+
+    def items() -> Iterable[Any]:
+        lines = upload.lines_read()
+        return ingest.parse_ndjson_lines(lines, settings.max_item_bytes, settings.max_json_depth)
+
+    if dry_run:
+        return _estimate(runtime, spec, items), False
+    return _store(runtime, spec, items, upload.items)
+
+
+SUBMISSION_BODY = {
+    "required": True,
+    "content": {
+        "application/json": {"schema": {"$ref": "#/components/schemas/RunSubmission"}},
+        NDJSON: {
+            "schema": {
+                "type": "array",
+                "items": {"$ref": "#/components/schemas/SubmittedItem"},
+                "description": "the items, one JSON object per line (run fields as query "
+                "parameters)",
+            },
+            "example": [{"id": "q1", "ground_truth": "...", "context": ["..."]}],
+        },
+    },
+}
+
+
+@router.post(
+    "/v1/runs",
+    status_code=202,
+    summary="Submit a run (JSON, or NDJSON with run fields as query parameters)",
+    response_model=None,
+    responses={
+        200: {"model": schemas.Estimate, "description": "dry_run=true: what it would take"},
+        202: {"model": schemas.RunView, "description": "The run (or the one this key made)"},
+        **errors(400, 401, 403, 408, 409, 413, 415, 422, 429, 503),
+    },
+    openapi_extra={"requestBody": SUBMISSION_BODY},
+)
+async def create_run(
+    request: Request,
+    runtime: Rt,
+    principal: Writer,
+    idempotency_key: Annotated[
+        str | None, Header(max_length=200, description="a retried submission returns its run")
+    ] = None,
+    dry_run: Annotated[bool, Query(description="estimate only: nothing is created")] = False,
+    name: Annotated[str | None, Query(max_length=200)] = None,
+    model: Annotated[str | None, Query(max_length=200)] = None,
+    scale: Annotated[float, Query(gt=0, le=ingest.MAX_SCALE)] = 1,
+    context: Annotated[
+        str | None,
+        Query(
+            max_length=2000,
+            description="JSON list of static context passages (it travels in the URL: send a "
+            "long one in a JSON body)",
+        ),
+    ] = None,
+    context_extractor: Annotated[
+        str | None, Query(max_length=2000, description="JSON extractor spec")
+    ] = None,
+    retry_deadline_s: Annotated[float | None, Query(gt=0, le=ingest.MAX_RETRY_DEADLINE)] = None,
+    budget_usd: Annotated[float | None, Query(gt=0, le=ingest.MAX_BUDGET_USD)] = None,
+    budget_tokens: Annotated[int | None, Query(gt=0, le=ingest.MAX_BUDGET_TOKENS)] = None,
+    mode: Annotated[
+        Literal["online", "batch"] | None,
+        Query(description="batch: through the provider's Batch API (a model marked batch)"),
+    ] = None,
+) -> JSONResponse:
+    """Run fields come from the JSON body, or from the query for an NDJSON body (one item a
+    line). With `dry_run=true` nothing is created: the answer (200) is an estimate."""
+    settings = runtime.settings
+    key = idempotency_key.strip() if idempotency_key else None
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if content_type not in (NDJSON, "application/json", ""):
+        raise ApiError(415, "unsupported_media_type", f"use application/json or {NDJSON}")
+    limiter = getattr(request.app.state, "submissions", None)
+    await anyio.to_thread.run_sync(_admit, runtime, principal, limiter, dry_run)
+    if content_type == NDJSON:
+        spec = ingest.build_spec(
+            model=model,
+            default_model=settings.default_model,
+            known_models=runtime.models,
+            name=name,
+            scale=scale,
+            context=_json_param("context", context, settings.max_json_depth),
+            context_extractor=_json_param(
+                "context_extractor", context_extractor, settings.max_json_depth
+            ),
+            project=principal.project,
+            idempotency_key=key or None,
+            retry_deadline_s=retry_deadline_s,
+            default_retry_deadline=settings.retry_deadline,
+            budget_usd=budget_usd,
+            budget_tokens=budget_tokens,
+            limits=ingest.limits_of(settings),
+            mode=mode,
+            batch_models=model_registry.batch_models(runtime.models),
+        )
+        upload = await spool_ndjson(request, settings, request.app.state.spool_budget)
+        try:
+            view, created = await anyio.to_thread.run_sync(
+                _submit_ndjson, runtime, spec, upload, dry_run
+            )
+        finally:
+            upload.close()
+    else:
+        body = await read_json_body(request, settings.max_json_body_bytes, Pace.of(settings))
+        view, created = await anyio.to_thread.run_sync(
+            _submit_json, runtime, body, principal, key or None, dry_run
+        )
+    if dry_run:
+        return JSONResponse(view, status_code=200)
+    if created:
+        await anyio.to_thread.run_sync(queue_run, runtime, view["id"])
+    return JSONResponse(view, status_code=202)
+
+
+# --- reads ----------------------------------------------------------------------------------
+
+
 RunStatusParam = Literal["queued", "running", "completed", "cancelled"]
 ItemData = Annotated[
     bool,
     Query(description="with each item's input, output, ground_truth, context and metadata"),
 ]
+MetadataField = Annotated[
+    str | None, Query(max_length=200, description="a metadata field: results per its value")
+]
 
 
-@router.get("/v1/runs")
+@router.get(
+    "/v1/runs",
+    response_model=None,
+    responses={200: {"model": schemas.RunsPage}, **errors(401, 422)},
+)
 def list_runs(
     runtime: Rt,
     project: Project,
     status: RunStatusParam | None = None,
     name: Annotated[str | None, Query(max_length=200, description="exact run name")] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    cursor: str | None = None,
+    cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> dict[str, Any]:
     """The project's runs, newest first: `{"runs": [run objects], "next_cursor": ...}`."""
     after = None
@@ -192,6 +386,8 @@ def list_runs(
             after = queries.decode_run_cursor(cursor)
         except ValueError:
             raise ApiError(422, "invalid_cursor", "cursor is not one this API returned") from None
+    if name is not None and inputs.text_problem(name) is not None:
+        return {"runs": [], "next_cursor": None}  # no run can have such a name
     with runtime.database.session() as session:
         views, next_cursor = queries.list_runs(
             session, project, status=status, name=name, limit=limit, after=after
@@ -199,15 +395,12 @@ def list_runs(
     return {"runs": views, "next_cursor": queries.encode_run_cursor(next_cursor)}
 
 
-@router.get("/v1/runs/{run_id}")
-def get_run(
-    run_id: str,
-    runtime: Rt,
-    project: Project,
-    by: Annotated[
-        str | None, Query(max_length=200, description="add `by_group`: per metadata value")
-    ] = None,
-) -> dict[str, Any]:
+@router.get(
+    "/v1/runs/{run_id}",
+    response_model=None,
+    responses={200: {"model": schemas.RunView}, **errors(401, 404, 422)},
+)
+def get_run(run_id: str, runtime: Rt, project: Project, by: MetadataField = None) -> dict[str, Any]:
     with runtime.database.session() as session:
         view = runtime.run_view(session, _run_or_404(session, run_id, project))
         if by is not None:
@@ -215,13 +408,17 @@ def get_run(
     return view
 
 
-@router.get("/v1/compare")
+@router.get(
+    "/v1/compare",
+    response_model=None,
+    responses={200: {"model": schemas.Comparison}, **errors(400, 401, 404, 422)},
+)
 def compare_runs(
     runtime: Rt,
     project: Project,
-    base: Annotated[str, Query(description="the run compared against")],
-    candidate: Annotated[str, Query(description="the run compared")],
-    by: Annotated[str | None, Query(max_length=200, description="metadata field")] = None,
+    base: Annotated[str, Query(max_length=MAX_ID_LENGTH, description="run compared against")],
+    candidate: Annotated[str, Query(max_length=MAX_ID_LENGTH, description="the run compared")],
+    by: MetadataField = None,
     top: Annotated[int, Query(ge=0, le=100)] = 10,
 ) -> dict[str, Any]:
     """`candidate` against `base`, items paired by id: matched and unmatched items, both
@@ -241,11 +438,15 @@ def compare_runs(
 def _decode_cursor(cursor: str | None) -> int | None:
     if not cursor:
         return None
-    try:
-        index = int(base64.urlsafe_b64decode(cursor.encode() + b"==").decode())
-    except ValueError:
-        index = -1
-    if index < 0:
+    index = -1
+    if len(cursor) <= MAX_CURSOR_LENGTH and cursor.isascii():
+        try:
+            decoded = base64.urlsafe_b64decode(cursor.encode() + b"==").decode()
+            if decoded.isascii() and decoded.isdigit() and len(decoded) <= 10:
+                index = int(decoded)
+        except ValueError:
+            pass
+    if not 0 <= index <= MAX_CURSOR_INDEX:
         raise ApiError(422, "invalid_cursor", "cursor is not one this API returned")
     return index
 
@@ -255,16 +456,21 @@ def _encode_cursor(index: int | None) -> str | None:
 
 
 ItemStatusParam = Literal["pending", "running", "succeeded", "failed", "cancelled"]
+Cursor = Annotated[str | None, Query(max_length=MAX_CURSOR_LENGTH)]
 
 
-@router.get("/v1/runs/{run_id}/items")
+@router.get(
+    "/v1/runs/{run_id}/items",
+    response_model=None,
+    responses={200: {"model": schemas.ItemsPage}, **errors(401, 404, 422)},
+)
 def list_items(
     run_id: str,
     runtime: Rt,
     project: Project,
     status: ItemStatusParam | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
-    cursor: str | None = None,
+    cursor: Cursor = None,
     item_data: ItemData = True,
 ) -> dict[str, Any]:
     after = _decode_cursor(cursor)
@@ -274,20 +480,53 @@ def list_items(
     return {"items": items, "next_cursor": _encode_cursor(next_index)}
 
 
-@router.get("/v1/runs/{run_id}/items/{item_id}")
+@router.get(
+    "/v1/runs/{run_id}/items/{item_id}",
+    response_model=None,
+    responses={200: {"model": schemas.ItemView}, **errors(401, 404, 422)},
+)
 def get_item(
     run_id: str, item_id: str, runtime: Rt, project: Project, item_data: ItemData = True
 ) -> dict[str, Any]:
     with runtime.database.session() as session:
         _run_or_404(session, run_id, project)
-        item = queries.get_item(session, run_id, item_id, item_data)
+        found = _plausible_id(item_id)
+        item = queries.get_item(session, run_id, item_id, item_data) if found else None
     if item is None:
-        raise not_found(f"item {item_id}")
+        raise not_found(f"item {item_id[:80]}")
     return item
 
 
-@router.get("/v1/runs/{run_id}/results")
-def results(
+def _check_run(runtime: Runtime, run_id: str, project: str) -> None:
+    with runtime.database.session() as session:
+        _run_or_404(session, run_id, project)
+
+
+def _results_page(
+    runtime: Runtime, run_id: str, after: int | None, format: str, item_data: bool, first: bool
+) -> tuple[str, int | None]:
+    """One page of results, read in its own short transaction and rendered, in a worker
+    thread (rendering a page is CPU work the event loop should not do)."""
+    with runtime.database.session() as session:
+        page, after = queries.items_page(session, run_id, None, RESULTS_PAGE, after, item_data)
+    return "".join(export.lines(page, format, header=first)), after
+
+
+RESULTS_CONTENT = {
+    NDJSON: {"schema": {"type": "string", "description": "one item (with claims) per line"}},
+    "text/csv": {"schema": {"type": "string", "description": "a row per item or per claim"}},
+}
+
+
+@router.get(
+    "/v1/runs/{run_id}/results",
+    response_class=StreamingResponse,
+    responses={
+        200: {"content": RESULTS_CONTENT, "description": "Every item with its claims"},
+        **errors(401, 404, 422),
+    },
+)
+async def results(
     run_id: str,
     runtime: Rt,
     project: Project,
@@ -295,27 +534,41 @@ def results(
     item_data: ItemData = True,
 ) -> StreamingResponse:
     """Every item with its claims: JSONL, CSV (a row per item) or claims.csv (a row per
-    claim)."""
-    with runtime.database.session() as session:
-        _run_or_404(session, run_id, project)
+    claim). Streamed one page at a time, each read in its own short transaction: a reader
+    that stalls holds no transaction, no pooled connection and no thread while it stalls."""
+    await anyio.to_thread.run_sync(_check_run, runtime, run_id, project)
 
-    def stream() -> Iterator[str]:
-        with runtime.database.session() as session:
-            rows = queries.iter_results(session, run_id, item_data=item_data)
-            yield from export.lines(rows, format)
+    async def stream() -> AsyncIterator[str]:
+        after: int | None = None
+        first = True
+        while True:
+            text, after = await anyio.to_thread.run_sync(
+                _results_page, runtime, run_id, after, format, item_data, first
+            )
+            yield text
+            first = False
+            if after is None:
+                return
 
-    filename = f"{run_id}.{format}"
-    headers = {"Content-Disposition": f'attachment; filename="{filename}"'}
-    return StreamingResponse(stream(), media_type=export.MEDIA_TYPES[format], headers=headers)
+    media = export.MEDIA_TYPES[format]
+    headers = {"Content-Disposition": f'attachment; filename="{run_id}.{format}"'}
+    return StreamingResponse(stream(), media_type=media, headers=headers)
 
 
-@router.post("/v1/runs/{run_id}/cancel")
-def cancel_run(run_id: str, runtime: Rt, project: Project) -> dict[str, Any]:
+# --- actions --------------------------------------------------------------------------------
+
+
+@router.post(
+    "/v1/runs/{run_id}/cancel",
+    response_model=None,
+    responses={200: {"model": schemas.RunView}, **errors(401, 403, 404, 422)},
+)
+def cancel_run(run_id: str, runtime: Rt, project: WriteProject) -> dict[str, Any]:
     """Stop a run. When this returns, no judge call for it is in flight and none will start."""
     try:
-        cancelled = runtime.runs.cancel(run_id, project)
+        cancelled = _plausible_id(run_id) and runtime.runs.cancel(run_id, project)
     except RunNotFound:
-        raise not_found(f"run {run_id}") from None
+        raise not_found(f"run {run_id[:80]}") from None
     # Workers see the cancel in the database before their next stage; the gate stops the
     # calls of stages already past that check, and waits for the calls already sent.
     if cancelled:
@@ -326,12 +579,19 @@ def cancel_run(run_id: str, runtime: Rt, project: Project) -> dict[str, Any]:
     return get_run(run_id, runtime, project)
 
 
-@router.post("/v1/runs/{run_id}/retry", status_code=202)
-def retry_run(run_id: str, runtime: Rt, project: Project) -> JSONResponse:
+@router.post(
+    "/v1/runs/{run_id}/retry",
+    status_code=202,
+    response_model=None,
+    responses={202: {"model": schemas.RetriedRun}, **errors(401, 403, 404, 409, 422)},
+)
+def retry_run(run_id: str, runtime: Rt, project: WriteProject) -> JSONResponse:
     try:
+        if not _plausible_id(run_id):
+            raise RunNotFound(run_id)
         retried = runtime.runs.retry_failed(run_id, project)
     except RunNotFound:
-        raise not_found(f"run {run_id}") from None
+        raise not_found(f"run {run_id[:80]}") from None
     except RunCancelledError:
         raise ApiError(409, "run_cancelled", "a cancelled run cannot be retried") from None
     if retried:
@@ -339,12 +599,48 @@ def retry_run(run_id: str, runtime: Rt, project: Project) -> JSONResponse:
     return JSONResponse({**get_run(run_id, runtime, project), "retried_items": retried}, 202)
 
 
-@router.get("/healthz")
-def healthz() -> dict[str, str]:
+@router.delete(
+    "/v1/runs/{run_id}",
+    status_code=204,
+    response_class=Response,
+    responses={204: {"description": "Deleted"}, **errors(401, 403, 404, 409, 422)},
+)
+def delete_run(run_id: str, runtime: Rt, project: AdminProject) -> Response:
+    """Remove an ended run with its items and claims (admin keys only). A queued or running
+    run is a 409: cancel it first."""
+    try:
+        if not _plausible_id(run_id):
+            raise RunNotFound(run_id)
+        runtime.runs.delete(run_id, project)
+    except RunNotFound:
+        raise not_found(f"run {run_id[:80]}") from None
+    except RunActiveError as exc:
+        raise ApiError(409, "run_active", str(exc)) from None
+    try:
+        runtime.gate.forget(run_id)
+    except Exception:  # noqa: BLE001  (the run is gone; leftover keys expire on their own)
+        log.warning("could not drop the gate state of deleted run %s", run_id, exc_info=True)
+    return Response(status_code=204)
+
+
+# --- health ---------------------------------------------------------------------------------
+
+
+@router.get("/healthz", response_model=schemas.Health)
+async def healthz() -> dict[str, str]:
+    """The process answers. Async on purpose: it needs no thread, no database and no Redis,
+    so it answers while every one of those is busy."""
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get(
+    "/readyz",
+    response_model=None,
+    responses={
+        200: {"model": schemas.Readiness, "description": "Ready"},
+        503: {"model": schemas.Readiness, "description": "Database, Redis or workers missing"},
+    },
+)
 def readyz(runtime: Rt) -> JSONResponse:
     checks: dict[str, str] = {}
     try:

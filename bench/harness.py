@@ -44,6 +44,10 @@ def environment(latency_ms: float, rpm: int | None = None, **extra: str) -> Iter
             "RECALLQ_MODELS_FILE": str(write_models_file(directory, stub.base_url, **limits)),
             "STUB_API_KEY": "sk-bench",
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+            # measured as a lab: no keys, no limits per client
+            "RECALLQ_AUTH": "off",
+            "RECALLQ_SUBMISSIONS_PER_MINUTE": "0",
+            "RECALLQ_MAX_ACTIVE_RUNS_PER_PROJECT": "100000",
             **extra,
         }
         yield {"env": env, "stub": stub, "db": db, "dir": directory}

@@ -160,7 +160,9 @@ class BatchLane:
                 break
         while unplanned := self.store.unplanned(run.id, CHUNK):
             keys = {
-                u.item_id: cache_key(u.ground_truth, run.model, protocol.PROMPT_VERSION)
+                u.item_id: cache_key(
+                    u.ground_truth, run.model, protocol.PROMPT_VERSION, project=run.project
+                )
                 for u in unplanned
                 if u.ground_truth is not None and u.claims is None
             }
@@ -198,7 +200,7 @@ class BatchLane:
             outcome = scoring.no_claims()
             self.items.succeed(conn, item_id, outcome, usage, cache_hits=int(cache_hit))
             return []
-        key = cache_key(ground_truth, run.model, protocol.PROMPT_VERSION)
+        key = cache_key(ground_truth, run.model, protocol.PROMPT_VERSION, project=run.project)
         if not self.items.save_claims(conn, item_id, claims, usage, cache_hit, key):
             return []
         return self._after_claims(conn, run, item_id, tuple(claims), contexts)
@@ -371,7 +373,13 @@ class BatchLane:
         self, batch: BatchRow, results: dict[str, LineResult], unanswered: LineFailure
     ) -> int:
         price = self.price(batch.model)
-        run = LaneRun(batch.run_id or "", batch.model, batch.scale or 1.0, batch.retry_deadline_s)
+        run = LaneRun(
+            batch.run_id or "",
+            batch.project or "",
+            batch.model,
+            batch.scale or 1.0,
+            batch.retry_deadline_s,
+        )
         applied, after = 0, 0
         while rows := self.store.sent(batch.id, after=after, limit=CHUNK):
             new: list[NewLine] = []

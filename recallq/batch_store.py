@@ -83,11 +83,16 @@ PENDING_BATCHES = (
 )
 
 
+#: An item's context passages: its own, or (NULL) the run's static context, stored once.
+CONTEXTS = func.coalesce(items.c.contexts, runs.c.context).label("contexts")
+
+
 @dataclass(frozen=True)
 class LaneRun:
     """A batch-mode run as the lane sees it."""
 
     id: str
+    project: str
     model: str
     scale: float
     retry_deadline_s: float | None
@@ -113,6 +118,7 @@ class BatchRow:
     waiting_since: datetime | None
     retry_deadline_s: float | None
     scale: float | None
+    project: str | None
 
     @property
     def run_gone(self) -> bool:
@@ -187,11 +193,17 @@ class LaneStore:
         """The batch-mode runs being scored."""
         with self._db.single_statement() as conn:
             rows = conn.execute(
-                select(runs.c.id, runs.c.model, runs.c.scale, runs.c.retry_deadline_s)
+                select(
+                    runs.c.id,
+                    runs.c.project,
+                    runs.c.model,
+                    runs.c.scale,
+                    runs.c.retry_deadline_s,
+                )
                 .where(runs.c.status == RunStatus.RUNNING, runs.c.mode == RunMode.BATCH)
                 .order_by(runs.c.created_at)
             ).all()
-        return [LaneRun(r.id, r.model, r.scale, r.retry_deadline_s) for r in rows]
+        return [LaneRun(r.id, r.project, r.model, r.scale, r.retry_deadline_s) for r in rows]
 
     def unplanned(self, run_id: str, limit: int) -> list[Unplanned]:
         """Batched items of the run with no request ready or sent: adopted just now, or left
@@ -199,7 +211,8 @@ class LaneStore:
         open_line = exists().where(lines.c.item_id == items.c.id, lines.c.state.in_(OPEN_LINES))
         with self._db.single_statement() as conn:
             rows = conn.execute(
-                select(items.c.id, items.c.ground_truth, items.c.contexts)
+                select(items.c.id, items.c.ground_truth, CONTEXTS)
+                .join_from(items, runs, runs.c.id == items.c.run_id)
                 .where(
                     items.c.run_id == run_id,
                     items.c.status == ItemStatus.BATCHED,
@@ -280,10 +293,11 @@ class LaneStore:
                     lines.c.reask,
                     lines.c.carry,
                     items.c.ground_truth,
-                    items.c.contexts,
+                    CONTEXTS,
                     items.c.waiting_since,
                 )
                 .join_from(lines, items, items.c.id == lines.c.item_id)
+                .join(runs, runs.c.id == items.c.run_id)
                 .where(where)
                 .order_by(lines.c.id)
                 .limit(limit)
@@ -382,6 +396,7 @@ class LaneStore:
                     runs.c.status.label("run_status"),
                     runs.c.retry_deadline_s,
                     runs.c.scale,
+                    runs.c.project,
                 )
                 .join_from(batches, runs, runs.c.id == batches.c.run_id, isouter=True)
                 .where(where)
@@ -405,6 +420,7 @@ class LaneStore:
                 waiting_since=None if r.waiting_since is None else as_utc(r.waiting_since),
                 retry_deadline_s=r.retry_deadline_s,
                 scale=r.scale,
+                project=r.project,
             )
             for r in rows
         ]

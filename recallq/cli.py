@@ -43,6 +43,9 @@ def cmd_api(args: argparse.Namespace) -> int:
         port=args.port,
         workers=args.workers,
         log_level="info",
+        # a request's head (line and headers) may be this long: room for run fields as
+        # query parameters of an NDJSON upload, a bound for everything else
+        h11_max_incomplete_event_size=64 * 1024,
     )
     return 0
 
@@ -272,6 +275,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--concurrency", type=int, help="judge calls in flight (local)")
             p.add_argument("--quiet", action="store_true", help="no progress bar")
         p.set_defaults(func=_client_command(name))
+
+    from recallq import security_cli
+
+    security_cli.add_commands(sub)  # keys create|list|revoke, delete, estimate
     return parser
 
 

@@ -26,9 +26,14 @@ def make_engine(url: str, pre_ping: bool = True) -> Engine:
     each transaction. A connection that died with a database restart then fails its
     statement instead, SQLAlchemy discards the whole pool, and the task hands its message
     back (see worker.tasks)."""
+    # hide_parameters: an error's text (logged) never carries the values a client sent
     if not is_sqlite(url):
-        return create_engine(url, pool_pre_ping=pre_ping, pool_size=10, max_overflow=40)
-    engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 60})
+        return create_engine(
+            url, pool_pre_ping=pre_ping, pool_size=10, max_overflow=40, hide_parameters=True
+        )
+    engine = create_engine(
+        url, connect_args={"check_same_thread": False, "timeout": 60}, hide_parameters=True
+    )
 
     @event.listens_for(engine, "connect")
     def _sqlite_connect(dbapi_conn: sqlite3.Connection, _record: object) -> None:

@@ -26,6 +26,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from recallq import scoring
+from recallq.coordination.gate import RunCancelled
 from recallq.judge.base import (
     NO_USAGE,
     Judge,
@@ -67,9 +68,11 @@ class Owners(Protocol):
     def holder_alive(self, owner: str) -> bool: ...
 
 
-def cache_key(ground_truth: str, model: str, prompt_version: str) -> str:
-    payload = json.dumps([ground_truth, model, prompt_version], ensure_ascii=False)
-    return hashlib.sha256(payload.encode()).hexdigest()
+def cache_key(ground_truth: str, model: str, prompt_version: str, *, project: str) -> str:
+    """The claim cache's key. It includes the project: a hit must never tell one project
+    that another scored the same ground truth (or hand it the claims extracted there)."""
+    payload = json.dumps([project, ground_truth, model, prompt_version], ensure_ascii=False)
+    return hashlib.sha256(payload.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class Engine:
@@ -196,7 +199,9 @@ class Engine:
         uncached: list[tuple[Taken, str]] = []
         for taken in needed:
             assert taken.ground_truth is not None  # take ended items without one
-            key = cache_key(taken.ground_truth, taken.model, judge.prompt_version)
+            key = cache_key(
+                taken.ground_truth, taken.model, judge.prompt_version, project=taken.project
+            )
             cached = self.items.cached_claims(key)
             if cached is None:
                 uncached.append((taken, key))
@@ -281,8 +286,14 @@ class Engine:
     ) -> Ended | Skipped | Deferred:
         """A call that cannot succeed now (no rate-limit room, a provider incident) puts the
         item back in the queue until it can, keeping its claims and usage; a provider
-        incident fails it only once its run's retry deadline has passed. Any other error
-        fails it at once, with the provider's message."""
+        incident fails it only once its run's retry deadline has passed. A run whose budget
+        is spent is cancelled (reason "budget"), this item with it. Any other error fails it
+        at once, with the provider's message."""
+        if isinstance(exc, RunCancelled) and exc.reason == "budget":
+            if self.runs.cancel_for_budget(taken.run_id):
+                log.info("run %s reached its budget: cancelled", taken.run_id)
+            # the item is cancelled now: fail() finds it so and only charges what was spent
+            return self._fail(taken, str(exc), exc.usage)
         if not isinstance(exc, TryLater):
             return self._fail(taken, str(exc), usage)
         if not exc.counts_towards_deadline:

@@ -66,15 +66,16 @@ def claim_rows(results: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
             }
 
 
-def lines(results: Iterable[dict[str, Any]], format: str) -> Iterator[str]:
-    """The text of `results` in `format`, a line (or CSV row) at a time."""
+def lines(results: Iterable[dict[str, Any]], format: str, header: bool = True) -> Iterator[str]:
+    """The text of `results` in `format`, a line (or CSV row) at a time. `header`: whether a
+    CSV starts with its header row (not for the second page of a stream, say)."""
     if format == "jsonl":
         for result in results:
             yield json.dumps(result, ensure_ascii=False) + "\n"
     elif format == "csv":
-        yield from _csv(results, ITEM_COLUMNS)
+        yield from _csv(results, ITEM_COLUMNS, header)
     elif format == "claims.csv":
-        yield from _csv(claim_rows(results), CLAIM_COLUMNS)
+        yield from _csv(claim_rows(results), CLAIM_COLUMNS, header)
     else:
         raise ValueError(f"unknown format {format!r}; use one of {', '.join(FORMATS)}")
 
@@ -88,17 +89,33 @@ def write(results: Iterable[dict[str, Any]], format: str, out: TextIO) -> int:
     return count
 
 
+# A spreadsheet runs a cell that starts with one of these as a formula ("CSV injection"):
+# such cells get a leading apostrophe, which spreadsheets show as text and do not run.
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def spreadsheet_safe(value: Any) -> Any:
+    """A CSV cell that no spreadsheet runs as a formula (numbers are left as they are)."""
+    if isinstance(value, str) and value.startswith(FORMULA_STARTS):
+        return "'" + value
+    return value
+
+
 def _cell(value: Any) -> Any:
-    """Strings and numbers as they are; lists, objects and the like as JSON."""
-    if value is None or isinstance(value, str | int | float):
+    """Numbers as they are; text made spreadsheet-safe; lists, objects and the like as JSON
+    (which starts with `[`, `{` or `"`, never a formula)."""
+    if value is None or isinstance(value, int | float):
         return value
+    if isinstance(value, str):
+        return spreadsheet_safe(value)
     return json.dumps(value, ensure_ascii=False)
 
 
-def _csv(rows: Iterable[dict[str, Any]], columns: list[str]) -> Iterator[str]:
+def _csv(rows: Iterable[dict[str, Any]], columns: list[str], header: bool) -> Iterator[str]:
     buffer = io.StringIO()
     writer = csv.DictWriter(buffer, fieldnames=columns, extrasaction="ignore")
-    writer.writeheader()
+    if header:
+        writer.writeheader()
     for row in rows:
         writer.writerow({key: _cell(value) for key, value in row.items()})
         yield buffer.getvalue()

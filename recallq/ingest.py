@@ -7,11 +7,10 @@ submission leaves nothing behind.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -20,13 +19,21 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from recallq import context as ctx
-from recallq import dataset, scoring
-from recallq.model_registry import LEXICAL
+from recallq import dataset, estimate, inputs, queries, scoring
+from recallq.engine import cache_key
+from recallq.model_registry import LEXICAL, ModelConfig
 from recallq.models import Run, RunMode
 from recallq.settings import DEFAULT_RETRY_DEADLINE, Settings
 from recallq.store import RunStore
 
 MAX_RETRY_DEADLINE = 30 * 86400
+#: Scores run from 0 to the scale; a larger one is no scale anyone means (and 1.7e308 broke
+#: every sum over scores).
+MAX_SCALE = 1_000_000.0
+MAX_BUDGET_USD = 1_000_000.0
+MAX_BUDGET_TOKENS = 10**12
+#: the default depth limit of JSON values in a submission (the API passes its setting)
+MAX_JSON_DEPTH = 64
 
 
 class SubmissionError(ValueError):
@@ -35,6 +42,11 @@ class SubmissionError(ValueError):
     def __init__(self, message: str, code: str = "invalid_request", status: int = 422) -> None:
         super().__init__(message)
         self.message, self.code, self.status = message, code, status
+
+
+class IdempotencyRace(Exception):
+    """Another request with the same Idempotency-Key stored its run first (the caller reads
+    that run and returns it)."""
 
 
 @dataclass
@@ -48,17 +60,30 @@ class RunSpec:
     idempotency_key: str | None = None
     retry_deadline_s: float = DEFAULT_RETRY_DEADLINE
     mode: str = RunMode.ONLINE
+    budget_usd: float | None = None
+    budget_tokens: int | None = None
+    limits: ctx.ContextLimits = ctx.DEFAULT_LIMITS
 
 
-def require_known_model(model: str, known_models: Iterable[str]) -> str:
+def require_known_model(model: Any, known_models: Iterable[str]) -> str:
     known = set(known_models)
-    if model not in known:
+    if not isinstance(model, str) or model not in known:
+        shown = ctx._clip(model)
         raise SubmissionError(
-            f"unknown model {model!r}; known models: {', '.join(sorted(known))} "
+            f"unknown model {shown}; known models: {', '.join(sorted(known))} "
             "(more come from the models file named by RECALLQ_MODELS_FILE)",
             code="unknown_model",
         )
     return model
+
+
+def limits_of(settings: Settings) -> ctx.ContextLimits:
+    """The context limits the settings give."""
+    return ctx.ContextLimits(
+        max_bytes=settings.max_context_bytes,
+        max_passages=settings.max_context_passages,
+        jmespath_timeout=settings.jmespath_timeout,
+    )
 
 
 def build_spec(
@@ -76,6 +101,9 @@ def build_spec(
     default_retry_deadline: float = DEFAULT_RETRY_DEADLINE,
     mode: Any = None,
     batch_models: Iterable[str] = (),
+    budget_usd: Any = None,
+    budget_tokens: Any = None,
+    limits: ctx.ContextLimits = ctx.DEFAULT_LIMITS,
 ) -> RunSpec:
     """A checked run spec. `batch_models` are the models whose provider Batch API may be
     used: a batch-mode run of another model is refused."""
@@ -83,24 +111,38 @@ def build_spec(
     run_mode = _mode(mode, model, batch_models)
     try:
         scale = scoring.validate_scale(scale)
+        if scale > MAX_SCALE:
+            raise ValueError(f"scale must be at most {MAX_SCALE:g}")
         extractor = ctx.validate_extractor(context_extractor)
         deadline = _retry_deadline(retry_deadline_s, default_retry_deadline)
+        usd = _budget(budget_usd, "budget_usd", MAX_BUDGET_USD, integral=False)
+        tokens = _budget(budget_tokens, "budget_tokens", MAX_BUDGET_TOKENS, integral=True)
+        if name is not None:
+            if not isinstance(name, str) or len(name) > 200:
+                raise ValueError("name must be a string of at most 200 characters")
+            inputs.check_text(name, "name")
+        if idempotency_key is not None:
+            inputs.check_text(idempotency_key, "Idempotency-Key")
+        if context is not None and not isinstance(context, list | str):
+            raise ValueError("context must be a list of strings")
+        static = ctx.to_passages(context, limits) if context is not None else None
+        if static is not None:
+            ctx.check_passages(static, limits, "the run's static context")
     except ValueError as exc:
         raise SubmissionError(str(exc)) from exc
-    if context is not None and not isinstance(context, list | str):
-        raise SubmissionError("context must be a list of strings")
-    if name is not None and (not isinstance(name, str) or len(name) > 200):
-        raise SubmissionError("name must be a string of at most 200 characters")
     return RunSpec(
         model=model,
         name=name,
         scale=scale,
-        context=ctx.to_passages(context) if context is not None else None,
+        context=static,
         context_extractor=extractor,
         project=project,
-        idempotency_key=idempotency_key,
+        idempotency_key=idempotency_key or None,
         retry_deadline_s=deadline,
         mode=run_mode,
+        budget_usd=usd,
+        budget_tokens=None if tokens is None else int(tokens),
+        limits=limits,
     )
 
 
@@ -121,6 +163,20 @@ def _mode(value: Any, model: str, batch_models: Iterable[str]) -> RunMode:
     return RunMode(value)
 
 
+def _budget(value: Any, name: str, most: float, integral: bool) -> float | None:
+    """A run's spending limit: None, or a positive finite number (a whole one for tokens)."""
+    if value is None:
+        return None
+    kind = "a whole number" if integral else "a number"
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{name} must be {kind}")
+    if integral and isinstance(value, float) and not value.is_integer():
+        raise ValueError(f"{name} must be {kind}")
+    if not (math.isfinite(value) and 0 < value <= most):
+        raise ValueError(f"{name} must be more than 0 and at most {most:g}")
+    return float(value)
+
+
 def _retry_deadline(value: Any, default: float) -> float:
     """Seconds an item may wait out a provider incident: a positive number, at most 30 days."""
     if value is None:
@@ -137,7 +193,9 @@ def item_row(raw: Any, index: int, spec: RunSpec) -> tuple[dict[str, Any], bool]
 
     The item goes through recallq.dataset.normalise, the one place field aliases apply
     (`reference`, `retrieved_contexts`, ...): files, frames and API bodies are read alike, and
-    fields that are not item fields become its metadata."""
+    fields that are not item fields become its metadata.
+    An item that takes the run's static context stores none of its own (None): the run holds
+    it once, and the attribution stage reads it from there."""
     if not isinstance(raw, dict):
         raise SubmissionError(f"item {index}: must be a JSON object")
     try:
@@ -150,15 +208,17 @@ def item_row(raw: Any, index: int, spec: RunSpec) -> tuple[dict[str, Any], bool]
     if not isinstance(key, str) or not key or len(key) > 200:
         raise SubmissionError(f"item {index}: id must be a non-empty string of at most 200 chars")
     item_context, input_, output = item.get("context"), item.get("input"), item.get("output")
-    try:
-        contexts = ctx.resolve_context(
-            item_context, input_, output, spec.context, spec.context_extractor
-        )
-    except ctx.ContextError as exc:
-        raise SubmissionError(f"item {index} ({key}): {exc}") from exc
-    resolvable = ctx.can_resolve_any(
-        item_context, input_, output, spec.context, spec.context_extractor
-    )
+    source = ctx.context_source(item_context, input_, output, spec.context_extractor)
+    contexts: list[str] | None = None
+    if source != "run":
+        try:
+            contexts = ctx.resolve_context(
+                item_context, input_, output, spec.context, spec.context_extractor, spec.limits
+            )
+        except ctx.ContextError as exc:
+            shown = key if len(key) <= 40 else key[:39] + "…"
+            raise SubmissionError(f"item {index} ({shown}): {exc}") from exc
+    resolvable = source != "run" or bool(spec.context)
     row = {
         "idx": index,
         "key": key,
@@ -190,6 +250,8 @@ def check_same_submission(run: Run, spec: RunSpec, items: Iterable[Any]) -> None
         "context_extractor": (run.context_extractor, spec.context_extractor),
         "retry_deadline_s": (run.retry_deadline_s, spec.retry_deadline_s),
         "mode": (run.mode, spec.mode),
+        "budget_usd": (run.budget_usd, spec.budget_usd),
+        "budget_tokens": (run.budget_tokens, spec.budget_tokens),
     }
     differs = [name for name, (stored, sent) in fields.items() if stored != sent]
     if not differs and sum(1 for _ in items) != run.total_items:
@@ -205,7 +267,9 @@ def check_same_submission(run: Run, spec: RunSpec, items: Iterable[Any]) -> None
 def create_run(
     session: Session, runs: RunStore, spec: RunSpec, items: Iterable[Any], settings: Settings
 ) -> Run:
-    """Check every item and store the run with them. Raises SubmissionError (nothing is kept)."""
+    """Check every item and store the run with them. Raises SubmissionError (nothing is kept),
+    or IdempotencyRace when a concurrent request with the same Idempotency-Key stored its run
+    first (the caller rolls back and returns that run)."""
     run = Run(
         id=str(uuid.uuid4()),
         project=spec.project,
@@ -217,13 +281,23 @@ def create_run(
         idempotency_key=spec.idempotency_key,
         retry_deadline_s=spec.retry_deadline_s,
         mode=spec.mode,
+        budget_usd=spec.budget_usd,
+        budget_tokens=spec.budget_tokens,
     )
-    rows = _ItemRows(items, spec, settings.max_items_per_run)
+    rows = ItemRows(items, spec, settings.max_items_per_run)
     try:
         run.total_items = runs.create(session, run, rows)
     except IntegrityError as exc:
+        if _is_idempotency_conflict(exc):
+            raise IdempotencyRace from exc
         raise _duplicate_id(exc) from exc
-    if run.total_items == 0:
+    _check_rows(rows)
+    return run
+
+
+def _check_rows(rows: ItemRows) -> None:
+    """After every row went through: the run is not empty and some item has a context."""
+    if rows.count == 0:
         raise SubmissionError("the run has no items", code="empty_run")
     if not rows.any_resolvable:
         raise SubmissionError(
@@ -231,11 +305,49 @@ def create_run(
             "or a context_extractor for agent-shaped items",
             code="no_context",
         )
-    return run
 
 
-class _ItemRows:
+def estimate_run(
+    session: Session,
+    spec: RunSpec,
+    items: Iterable[Any],
+    settings: Settings,
+    models: Mapping[str, ModelConfig],
+    batch: int = 1000,
+) -> estimate.Estimate:
+    """What the run would cost (recallq.estimate), checking every item as a submission
+    does (the same 4xx for the same problems); nothing is written. Claims the project's claim
+    cache holds count as hits: no extraction call."""
+    estimator = estimate.estimator_for(spec.model, models)
+    version = estimate.prompt_version(spec.model)
+    rows = ItemRows(items, spec, settings.max_items_per_run)
+    pending: list[dict[str, Any]] = []
+
+    def add(pending: list[dict[str, Any]]) -> None:
+        truths = [row["ground_truth"] for row in pending if row["ground_truth"] is not None]
+        keys = {text: cache_key(text, spec.model, version, project=spec.project) for text in truths}
+        cached = (
+            queries.cached_claims(session, list(keys.values())) if spec.model != LEXICAL else {}
+        )
+        for row in pending:
+            truth = row["ground_truth"]
+            contexts = spec.context or [] if row["contexts"] is None else row["contexts"]
+            estimator.add(truth, contexts, None if truth is None else cached.get(keys[truth]))
+
+    for row in rows:
+        pending.append(row)
+        if len(pending) >= batch:
+            add(pending)
+            pending = []
+    add(pending)
+    _check_rows(rows)
+    return estimator.result()
+
+
+class ItemRows:
     """The rows of a submission's items, checked one by one as they stream through."""
+
+    count = 0
 
     def __init__(self, items: Iterable[Any], spec: RunSpec, max_items: int) -> None:
         self._items, self._spec, self._max = items, spec, max_items
@@ -249,7 +361,16 @@ class _ItemRows:
                 )
             row, resolvable = item_row(raw, index, self._spec)
             self.any_resolvable = self.any_resolvable or resolvable
+            self.count = index + 1
             yield row
+
+
+def _is_idempotency_conflict(exc: IntegrityError) -> bool:
+    """Whether the unique key broken is the run's (project, idempotency_key)."""
+    constraint = getattr(getattr(exc.orig, "diag", None), "constraint_name", None)
+    if constraint is not None:
+        return bool(constraint == "uq_runs_idempotency")
+    return "runs.idempotency_key" in str(exc.orig)  # SQLite names the columns
 
 
 def _duplicate_id(exc: IntegrityError) -> SubmissionError:
@@ -260,8 +381,11 @@ def _duplicate_id(exc: IntegrityError) -> SubmissionError:
     return SubmissionError(f"item ids must be unique within a run{which}", code="duplicate_id")
 
 
-def parse_ndjson_lines(lines: Iterable[bytes | str], max_bytes: int) -> Iterator[Any]:
-    """Items from NDJSON lines; blank lines are skipped; a bad line is a 422 naming it."""
+def parse_ndjson_lines(
+    lines: Iterable[bytes | str], max_bytes: int, max_depth: int = MAX_JSON_DEPTH
+) -> Iterator[Any]:
+    """Items from NDJSON lines; blank lines are skipped; a bad line is a 422 naming it (NaN,
+    NUL characters, lone surrogates and deep nesting are bad too: see recallq.inputs)."""
     for number, line in enumerate(lines, start=1):
         if not line.strip():
             continue
@@ -272,14 +396,6 @@ def parse_ndjson_lines(lines: Iterable[bytes | str], max_bytes: int) -> Iterator
                 status=413,
             )
         try:
-            yield json.loads(line)
-        except json.JSONDecodeError as exc:
-            raise SubmissionError(
-                f"line {number}: invalid JSON: {exc.msg} at column {exc.colno}",
-                code="invalid_json",
-            ) from exc
-        except UnicodeDecodeError as exc:
-            raise SubmissionError(
-                f"line {number}: invalid JSON: not UTF-8 ({exc.reason} at byte {exc.start})",
-                code="invalid_json",
-            ) from exc
+            yield inputs.loads(line, max_depth, where=f"line {number}")
+        except inputs.UnsafeInput as exc:
+            raise SubmissionError(str(exc), code="invalid_json") from None

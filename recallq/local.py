@@ -31,6 +31,7 @@ from recallq import dataset, display, ingest, queries
 from recallq.engine import Engine
 from recallq.models import Run, as_utc, utcnow
 from recallq.outcomes import Continue, Deferred, StageOutcome, Taken
+from recallq.redact import install_log_redaction
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.status import RUN_ENDED, RunStatus
@@ -165,6 +166,7 @@ class LocalRunner:
 def local_runtime(settings: Settings, concurrency: int) -> tuple[Runtime, LocalRunner]:
     runner = LocalRunner(concurrency, settings.extraction_pack)
     runtime = Runtime.local(settings, runner)
+    install_log_redaction(runtime.redactor)
     runner.start(runtime.engine)
     return runtime, runner
 

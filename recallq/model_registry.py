@@ -7,6 +7,7 @@ endpoints and keys never leave this module's callers.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -46,6 +47,26 @@ class ModelConfig:
                 "this process's environment"
             )
         return os.environ[variable]
+
+    def secret_values(self) -> list[str]:
+        """The resolved values of this model's params that may be secret: every value taken
+        from the environment, and every value of a param whose name says secret (`api_key`,
+        `aws_secret_access_key`, ...). Unset variables are skipped."""
+        found = []
+        for key, value in self.litellm_params.items():
+            from_env = isinstance(value, str) and value.startswith("os.environ/")
+            if not (from_env or _SECRET_PARAM.search(key)):
+                continue
+            try:
+                resolved = self._resolve(key, value)
+            except ModelRegistryError:
+                continue
+            if isinstance(resolved, str):
+                found.append(resolved)
+        return found
+
+
+_SECRET_PARAM = re.compile(r"key|secret|token|password|credential", re.IGNORECASE)
 
 
 class ModelRegistryError(ValueError):

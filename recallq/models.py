@@ -1,5 +1,6 @@
-"""Tables: runs, their items, and one row per extracted claim with its verdict; the provider
-batches of batch-mode runs and their request lines."""
+"""Tables: runs, their items, one row per extracted claim with its verdict, the claim cache,
+the API keys that say which project a request acts in, and the provider batches of
+batch-mode runs with their request lines."""
 
 from __future__ import annotations
 
@@ -71,6 +72,11 @@ class Run(Base):
     # how long an item may wait out a provider incident before it fails (None: the setting)
     retry_deadline_s: Mapped[float | None] = mapped_column(Float)
     mode: Mapped[str] = mapped_column(String(8), default=RunMode.ONLINE, server_default="online")
+    # spend control: once the run's recorded usage reaches either, no new judge call starts
+    budget_usd: Mapped[float | None] = mapped_column(Float)
+    budget_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    # why a cancelled run was cancelled: "user" or "budget"
+    cancel_reason: Mapped[str | None] = mapped_column(String(16))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
@@ -94,7 +100,8 @@ class Item(Base):
     input: Mapped[Any | None] = mapped_column(JSON)
     output: Mapped[Any | None] = mapped_column(JSON)
     ground_truth: Mapped[str | None] = mapped_column(Text)
-    contexts: Mapped[list[str]] = mapped_column(JSON)  # resolved at submission
+    # resolved at submission; None: the run's static context (stored once, on the run)
+    contexts: Mapped[list[str] | None] = mapped_column(JSON)
     # the submitted record's other fields (recallq.dataset); `metadata` is taken on the class
     item_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSON)
     status: Mapped[str] = mapped_column(String(16), default=ItemStatus.PENDING)
@@ -141,6 +148,24 @@ class ClaimCache(Base):
     key: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 hex
     claims: Mapped[list[str]] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class ApiKey(Base):
+    """A bearer key of a project. Only its SHA-256 is kept: a key is 32 random bytes, so a
+    slow hash would add nothing, and a stolen table gives no usable key."""
+
+    __tablename__ = "api_keys"
+    __table_args__ = (UniqueConstraint("key_hash", name="uq_api_keys_key_hash"),)
+
+    id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    project: Mapped[str] = mapped_column(String(64), index=True)
+    role: Mapped[str] = mapped_column(String(8))  # read | write | admin
+    label: Mapped[str | None] = mapped_column(String(200))
+    key_hash: Mapped[str] = mapped_column(String(64))  # sha256 hex of the key
+    prefix: Mapped[str] = mapped_column(String(16))  # its first characters, to tell keys apart
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    revoked_at: Mapped[datetime | None]
+    last_used_at: Mapped[datetime | None]
 
 
 # --- the provider batch lane (recallq.batch_lane) ------------------------------------------

@@ -26,6 +26,7 @@ class Taken:
     claims: tuple[str, ...] | None = None  # known already (a retry reuses extracted claims)
     retry_deadline_s: float | None = None  # the run's; None: the setting
     waiting_since: float | None = None  # unix seconds: waiting out a provider incident since
+    project: str = "default"  # the run's: the claim cache is the project's own
 
     def to_message(self) -> dict[str, Any]:
         return asdict(self)

@@ -16,8 +16,9 @@ from sqlalchemy.orm import Session, defer
 
 from recallq import compare as ab
 from recallq.batch_store import run_lane_view
+from recallq.db import Database
 from recallq.groups import GroupedItem, summarise_groups
-from recallq.models import Claim, Item, Run
+from recallq.models import Claim, ClaimCache, Item, Run
 from recallq.status import ItemStatus, public_item_status, stored_item_statuses
 
 #: Buckets of a run's score histogram (each a fifth of the scale; the last includes the top).
@@ -105,6 +106,9 @@ def _view(session: Session, run: Run, row: Sequence[Any] | None, details: bool) 
         "started_at": _iso(run.started_at),
         "finished_at": _iso(run.finished_at),
         "retry_deadline_s": run.retry_deadline_s,
+        "budget_usd": run.budget_usd,
+        "budget_tokens": run.budget_tokens,
+        "cancel_reason": run.cancel_reason,
         "counts": {
             "total": run.total_items,
             "pending": counts[ItemStatus.PENDING] + counts[ItemStatus.QUEUED],
@@ -212,10 +216,13 @@ def decode_run_cursor(cursor: str) -> RunCursor:
 # --- items -----------------------------------------------------------------------------------
 
 
-def item_view(item: Item, claims: list[Claim], item_data: bool = True) -> dict[str, Any]:
+def item_view(
+    item: Item, claims: list[Claim], item_data: bool = True, run_context: list[str] | None = None
+) -> dict[str, Any]:
     """An item with its claims and, unless `item_data` is false, what was submitted: `input`,
     `output`, `ground_truth` (as scored), `context` (the passages judged, which the claims'
-    `context_indices` point into) and `metadata`."""
+    `context_indices` point into: the item's own, or the run's static `run_context`, which
+    the run stores once for all its items) and `metadata`."""
     view = {
         "id": item.key,
         "index": item.idx,
@@ -243,7 +250,7 @@ def item_view(item: Item, claims: list[Claim], item_data: bool = True) -> dict[s
             "input": item.input,
             "output": item.output,
             "ground_truth": item.ground_truth,
-            "context": item.contexts,
+            "context": item.contexts if item.contexts is not None else (run_context or []),
             "metadata": item.item_metadata,
         }
     return view
@@ -279,7 +286,16 @@ def items_page(
     items = items[:limit]
     claims = _claims_by_item(session, [i.id for i in items])
     next_index = items[-1].idx if more else None
-    return [item_view(i, claims[i.id], item_data) for i in items], next_index
+    static = _static_context(session, run_id, items) if item_data else None
+    return [item_view(i, claims[i.id], item_data, static) for i in items], next_index
+
+
+def _static_context(session: Session, run_id: str, items: list[Item]) -> list[str] | None:
+    """The run's static context, read when one of these items uses it."""
+    if all(item.contexts is not None for item in items):
+        return None
+    context: list[str] | None = session.scalar(select(Run.context).where(Run.id == run_id))
+    return context
 
 
 def get_item(
@@ -288,7 +304,8 @@ def get_item(
     item = session.scalars(select(Item).where(Item.run_id == run_id, Item.key == key)).one_or_none()
     if item is None:
         return None
-    return item_view(item, _claims_by_item(session, [item.id])[item.id], item_data)
+    static = _static_context(session, run_id, [item]) if item_data else None
+    return item_view(item, _claims_by_item(session, [item.id])[item.id], item_data, static)
 
 
 def iter_results(
@@ -371,3 +388,34 @@ def group_summary(session: Session, run_id: str, by: str) -> dict[str, dict[str,
         .execution_options(yield_per=1000)
     )
     return summarise_groups((GroupedItem(*row) for row in rows), by)
+
+
+def run_budget(database: Database, run_id: str) -> tuple[float | None, int | None] | None:
+    """A run's budget (usd, tokens), or None when there is no such run."""
+    with database.single_statement() as conn:
+        row = conn.execute(
+            select(Run.budget_usd, Run.budget_tokens).where(Run.id == run_id)
+        ).one_or_none()
+    return None if row is None else (row.budget_usd, row.budget_tokens)
+
+
+def run_spent(database: Database, run_id: str) -> tuple[float, int]:
+    """What a run's items have recorded as used: (usd, prompt + completion tokens)."""
+    with database.single_statement() as conn:
+        row = conn.execute(
+            select(
+                func.coalesce(func.sum(Item.cost_usd), 0.0),
+                func.coalesce(func.sum(Item.prompt_tokens + Item.completion_tokens), 0),
+            ).where(Item.run_id == run_id)
+        ).one()
+    return float(row[0]), int(row[1])
+
+
+def cached_claims(session: Session, keys: list[str]) -> dict[str, list[str]]:
+    """The claim cache's claims for those of these keys it holds."""
+    if not keys:
+        return {}
+    rows = session.execute(
+        select(ClaimCache.key, ClaimCache.claims).where(ClaimCache.key.in_(keys))
+    )
+    return {key: list(claims) for key, claims in rows}

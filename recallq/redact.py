@@ -13,8 +13,11 @@ linear regex scans, and no pattern can backtrack more than a bounded amount per 
 
 from __future__ import annotations
 
+import logging
 import re
-from collections.abc import Iterable
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any
 
 REDACTED = "[redacted]"
 # redact_url keeps a URL a URL, as SQLAlchemy does when it hides a password
@@ -33,6 +36,7 @@ _KEY_FORMATS = re.compile(
     r"|gh[pousr]_[A-Za-z0-9]{20,}|github_pat_[A-Za-z0-9_]{20,}"  # GitHub tokens
     r"|xox[baprs]-[A-Za-z0-9-]{10,}"  # Slack tokens
     r"|eyJ[A-Za-z0-9_-]+\.eyJ[A-Za-z0-9_-]+\.[A-Za-z0-9_-]*"  # JWTs (header.payload.sig)
+    r"|rq_[A-Za-z0-9_-]{20,}"  # recallq's own API keys
     r")(?![A-Za-z0-9_-])"
 )
 
@@ -138,3 +142,55 @@ def redact_url(url: str) -> str:
         return _QUERY_SECRET.sub(lambda m: f"{m.group('head')}{URL_MASK}", url)
     except Exception:
         return URL_MASK
+
+
+_factory_lock = threading.Lock()
+_plain_factory: Callable[..., logging.LogRecord] | None = None
+
+
+def _redacted_argument(redact: Redactor, value: Any) -> Any:
+    """A log argument with secrets out: text is redacted; numbers, booleans and None stay
+    what they are (a `%d` still formats); anything else becomes its redacted text."""
+    if value is None or isinstance(value, bool | int | float):
+        return value
+    return redact(value)
+
+
+def install_log_redaction(redact: Redactor) -> None:
+    """Every log record this process makes from now on is redacted when it is made: its
+    message, each of its arguments, and its traceback. Done in the record factory, so it holds
+    for every logger and handler, including those a framework sets up later. The arguments
+    stay arguments (formatters such as uvicorn's access log read them one by one).
+    Installing again replaces the redactor."""
+    global _plain_factory
+    with _factory_lock:
+        if _plain_factory is None:
+            _plain_factory = logging.getLogRecordFactory()
+        plain = _plain_factory
+
+    def redacted_record(*args: Any, **kwargs: Any) -> logging.LogRecord:
+        record = plain(*args, **kwargs)
+        message = redact(record.msg)  # a non-string message becomes its redacted text
+        if record.args and message != record.msg:
+            # the format string itself held a secret (and perhaps lost a placeholder with
+            # it): redact the merged message instead
+            try:
+                merged = record.getMessage()
+            except Exception:  # noqa: BLE001  (a format that does not fit its arguments)
+                merged = str(record.msg)
+            record.msg, record.args = redact(merged), None
+        else:
+            record.msg = message
+        if isinstance(record.args, tuple):
+            record.args = tuple(_redacted_argument(redact, value) for value in record.args)
+        elif isinstance(record.args, dict):
+            record.args = {
+                key: _redacted_argument(redact, value) for key, value in record.args.items()
+            }
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
+        if record.stack_info:
+            record.stack_info = redact(record.stack_info)
+        return record
+
+    logging.setLogRecordFactory(redacted_record)

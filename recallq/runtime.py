@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from functools import cached_property
+from functools import cached_property, partial
 from typing import Any
 
 from redis import Redis
@@ -39,6 +39,8 @@ from recallq.judge.registry import JudgeRegistry
 from recallq.model_registry import ModelConfig, load_models
 from recallq.models import Run
 from recallq.reaper import Reaper
+from recallq.redact import Redactor, redact_url
+from recallq.retention import Retention
 from recallq.retry import RetryPolicy
 from recallq.settings import Settings
 from recallq.status import RUN_ACTIVE
@@ -92,12 +94,18 @@ class Runtime:
         """Postgres and Redis, shared with every other process. Workers pass pre_ping=False
         (see recallq.db.make_engine)."""
         redis = redis_client(settings.redis_url)
+        database = Database(settings.database_url, pre_ping=pre_ping)
         return cls(
             settings=settings,
-            database=Database(settings.database_url, pre_ping=pre_ping),
+            database=database,
             models=load_models(settings.models_file),
             queue=queue,
-            gate=RedisCallGate(redis, settings.request_timeout),
+            gate=RedisCallGate(
+                redis,
+                settings.request_timeout,
+                budget_of=partial(queries.run_budget, database),
+                spent_of=partial(queries.run_spent, database),
+            ),
             redis=redis,
             heartbeat=Heartbeat(redis, settings.heartbeat_ttl, worker_id),
             judges_given=judges or {},
@@ -108,12 +116,16 @@ class Runtime:
         cls, settings: Settings, queue: WorkQueue, judges: Mapping[str, Judge] | None = None
     ) -> Runtime:
         """One process on its own database: no Redis, no shared limits, nothing to reap."""
+        database = Database(settings.database_url)
         return cls(
             settings=settings,
-            database=Database(settings.database_url),
+            database=database,
             models=load_models(settings.models_file),
             queue=queue,
-            gate=OpenGate(),
+            gate=OpenGate(
+                budget_of=partial(queries.run_budget, database),
+                spent_of=partial(queries.run_spent, database),
+            ),
             judges_given=judges or {},
         )
 
@@ -163,7 +175,18 @@ class Runtime:
             settings.request_timeout,
             settings.extraction_pack,
             self.judges_given,
+            self.redactor,
         )
+
+    @cached_property
+    def redactor(self) -> Redactor:
+        """Takes secrets out of provider error text before it is stored or logged: the
+        resolved value of every configured key of every model, the passwords of the database
+        and Redis URLs, and anything shaped like a credential (see recallq.redact)."""
+        secrets = [value for model in self.models.values() for value in model.secret_values()]
+        for url in (self.settings.database_url, self.settings.redis_url):
+            secrets.extend(_url_password(url))
+        return Redactor(secrets)
 
     @cached_property
     def engine(self) -> Engine:
@@ -234,6 +257,19 @@ class Runtime:
             self.settings,
         )
 
+    def retention(self) -> Retention:
+        """Deletes runs past the retention setting (distributed mode: one worker at a time)."""
+        if self.redis is None or self.heartbeat is None:
+            raise RuntimeError("local mode applies no retention: its database is the user's")
+        return Retention(
+            self.redis,
+            self.runs,
+            self.gate,
+            self.settings.retention_days,
+            self.settings.retention_interval,
+            self.heartbeat.worker_id,
+        )
+
     def close(self) -> None:
         self.database.dispose()
         if self.redis is not None:
@@ -246,3 +282,14 @@ def _iso(unix_seconds: float) -> str:
 
 def redis_client(url: str) -> Redis:
     return Redis.from_url(url, socket_timeout=10, health_check_interval=30)
+
+
+def _url_password(url: str) -> list[str]:
+    """The password in a URL's user:password@, if it has one."""
+    masked = redact_url(url)
+    if masked == url:
+        return []
+    head, _, rest = url.partition("://")
+    authority = rest.split("/", 1)[0]
+    userinfo = authority.rpartition("@")[0]
+    return [userinfo.partition(":")[2]] if ":" in userinfo else []

@@ -7,6 +7,7 @@ runtime it passes down (see recallq.runtime).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -58,6 +59,27 @@ class Settings(BaseSettings):
 
     # api
     max_items_per_run: int = 200_000
-    max_body_bytes: int = 512 * 1024 * 1024
+    max_body_bytes: int = 512 * 1024 * 1024  # an NDJSON upload (spooled to disk past the next)
+    spool_memory_bytes: int = 1024 * 1024  # an upload larger than this is spooled to disk
+    max_spool_bytes: int = 4 * 1024**3  # every upload being received at once, together
+    max_json_body_bytes: int = 32 * 1024 * 1024  # a JSON body (large runs use NDJSON)
     max_item_bytes: int = 1024 * 1024
+    max_json_depth: int = 64  # nesting of arrays and objects in a body or an NDJSON line
+    body_timeout: float = 900.0  # longest a request body may take to arrive
+    body_min_rate: float = 16 * 1024  # bytes/s a body must keep up after the grace period
+    body_grace: float = 10.0
     insert_batch_size: int = 1000
+
+    # security: keys and projects, limits per client, retention
+    auth: Literal["required", "off"] = "required"
+    submissions_per_minute: float = 60.0  # per key (429 with Retry-After beyond); 0: no limit
+    submission_burst: int = 10
+    max_active_runs_per_project: int = 10  # queued or running
+    max_queued_items_per_project: int = 1_000_000  # items of a project not yet ended
+    retention_days: float | None = None  # ended runs older than this are deleted; None: kept
+    retention_interval: float = 3600.0  # how often one worker looks for them
+
+    # contexts: what one item may be judged against
+    max_context_bytes: int = 1024 * 1024  # resolved passages of one item (or the run's static)
+    max_context_passages: int = 1000
+    jmespath_timeout: float = 0.5  # one item's context_extractor evaluation

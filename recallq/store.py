@@ -17,10 +17,13 @@ Runs (RunStore)
     create          → queued (with its items, pending)
     release_window  queued|running → running, and pending → queued items up to the window
     complete_if_done running → completed           no item of the run unended
-    cancel          queued|running → cancelled, and unended items → cancelled
+    cancel          queued|running → cancelled, and unended items → cancelled (reason "user")
+    cancel_for_budget  the same, reason "budget": the run's recorded usage reached its budget
     retry_failed    completed|running → running, and failed items → pending
     resume          queued|running items → pending (local mode, after the process stopped)
     forget_idempotency_key   the run no longer answers to its key (a fresh run takes it)
+    delete          an ended run, with its items and their claims, is removed
+    delete_expired  the same for ended runs older than the retention
 Items of batch-mode runs (BatchedItemStore, written by the provider batch lane)
     adopt           pending → batched              run running in batch mode; rows nobody
                                                    else locks
@@ -40,6 +43,8 @@ without BEGIN and COMMIT (Database.single_statement).
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from datetime import datetime, timedelta
 from functools import lru_cache
@@ -53,6 +58,7 @@ from sqlalchemy import (
     Update,
     and_,
     bindparam,
+    delete,
     exists,
     func,
     insert,
@@ -92,6 +98,7 @@ TAKE_READ = (
         runs.c.model,
         runs.c.scale,
         runs.c.retry_deadline_s,
+        runs.c.project,
         exists().where(claims_table.c.item_id == items.c.id).label("has_claims"),
     )
     .join_from(items, runs, runs.c.id == items.c.run_id)
@@ -118,6 +125,9 @@ IN_FLIGHT = (
     .select_from(items)
     .where(items.c.run_id == bindparam("b_run"), items.c.status.in_(ITEM_IN_FLIGHT))
 )
+RUN_CONTEXT = select(runs.c.context).where(runs.c.id == bindparam("run_id"))
+# a worker keeps the static contexts of this many runs (each at most the context byte limit)
+RUN_CONTEXTS_KEPT = 16
 RELEASE_NEXT = (
     update(items)
     .where(
@@ -338,6 +348,8 @@ class ItemStore:
         self.queue_lease_seconds = queue_lease_seconds
         self.dispatch_window = dispatch_window
         self.release_group = min(release_group, dispatch_window)
+        self._run_contexts: OrderedDict[str, list[str]] = OrderedDict()
+        self._run_contexts_lock = threading.Lock()
 
     def _lease(self, seconds: float | None = None) -> datetime:
         """Lease of a stage at work (default), or of `seconds`."""
@@ -400,6 +412,7 @@ class ItemStore:
             known,
             row.retry_deadline_s,
             waiting,
+            row.project,
         )
 
     def cached_claims(self, key: str) -> list[str] | None:
@@ -455,7 +468,26 @@ class ItemStore:
             row = conn.execute(HAND_OVER, params).one_or_none()
         if row is None:
             return Skipped(SkipReason.NOT_OWNED)
-        return Taken(**{**taken.to_message(), "owner": new_owner}), list(row.contexts)
+        contexts = row.contexts
+        if contexts is None:  # the run's static context, stored once on the run
+            contexts = self.run_context(taken.run_id)
+        return Taken(**{**taken.to_message(), "owner": new_owner}), list(contexts)
+
+    def run_context(self, run_id: str) -> list[str]:
+        """A run's static context ([] when it has none). It never changes, so a worker keeps
+        the last few it read instead of reading a megabyte per item."""
+        with self._run_contexts_lock:
+            if run_id in self._run_contexts:
+                self._run_contexts.move_to_end(run_id)
+                return self._run_contexts[run_id]
+        with self._db.single_statement() as conn:
+            found = conn.execute(RUN_CONTEXT, {"run_id": run_id}).scalar()
+        context = list(found or [])
+        with self._run_contexts_lock:
+            self._run_contexts[run_id] = context
+            while len(self._run_contexts) > RUN_CONTEXTS_KEPT:
+                self._run_contexts.popitem(last=False)
+        return context
 
     # --- ending -----------------------------------------------------------------------------
 
@@ -663,6 +695,15 @@ class RunCancelledError(ValueError):
     """A cancelled run cannot be retried."""
 
 
+class RunActiveError(ValueError):
+    """A run that is queued or running cannot be deleted (cancel it first)."""
+
+
+#: why a run was cancelled (runs.cancel_reason)
+CANCELLED_BY_USER = "user"
+CANCELLED_FOR_BUDGET = "budget"
+
+
 class RunStore:
     """The moves of runs, and of the items a run-wide action moves (see the module docstring)."""
 
@@ -729,26 +770,84 @@ class RunStore:
             return bool(conn.execute(COMPLETE_RUN, {"b_run": run_id, "b_now": utcnow()}).rowcount)
 
     def cancel(self, run_id: str, project: str) -> bool:
-        """queued|running → cancelled, and every unended item → cancelled, in one transaction;
-        False when the run had ended already. Calls already in flight are the call gate's to
-        stop (see coordination.gate)."""
-        now = utcnow()
+        """queued|running → cancelled (reason "user"), and every unended item → cancelled, in
+        one transaction; False when the run had ended already. Calls already in flight are
+        the call gate's to stop (see coordination.gate)."""
         with self._db.transaction() as conn:
             status = self._lock(conn, run_id, project)
             if status in RUN_ENDED:
                 return False
-            conn.execute(
-                update(runs)
-                .where(runs.c.id == run_id)
-                .values(status=RunStatus.CANCELLED, finished_at=now)
-            )
-            _update_items_in_id_order(
-                conn,
-                items.c.run_id == run_id,
-                items.c.status.not_in(ITEM_ENDED),
-                values={"status": ItemStatus.CANCELLED, "finished_at": now, "lease_until": None},
-            )
+            self._cancel_locked(conn, run_id, CANCELLED_BY_USER)
         return True
+
+    def cancel_for_budget(self, run_id: str) -> bool:
+        """queued|running → cancelled (reason "budget"), and every unended item → cancelled:
+        the run's recorded usage reached its budget, so the call gate refuses its calls. False
+        when the run had ended already (or a user cancelled it first)."""
+        with self._db.transaction() as conn:
+            status = conn.execute(
+                select(runs.c.status).where(runs.c.id == run_id).with_for_update()
+            ).scalar()
+            if status is None or status in RUN_ENDED:
+                return False
+            self._cancel_locked(conn, run_id, CANCELLED_FOR_BUDGET)
+        return True
+
+    @staticmethod
+    def _cancel_locked(conn: Connection, run_id: str, reason: str) -> None:
+        now = utcnow()
+        conn.execute(
+            update(runs)
+            .where(runs.c.id == run_id)
+            .values(status=RunStatus.CANCELLED, finished_at=now, cancel_reason=reason)
+        )
+        _update_items_in_id_order(
+            conn,
+            items.c.run_id == run_id,
+            items.c.status.not_in(ITEM_ENDED),
+            values={"status": ItemStatus.CANCELLED, "finished_at": now, "lease_until": None},
+        )
+
+    def delete(self, run_id: str, project: str) -> None:
+        """Remove an ended run of the project with its items and their claims (the foreign
+        keys cascade), in one transaction. RunNotFound for no such run in the project;
+        RunActiveError for a queued or running one, whose workers would otherwise write to
+        rows that are gone."""
+        with self._db.transaction() as conn:
+            status = self._lock(conn, run_id, project)
+            if status not in RUN_ENDED:
+                raise RunActiveError(f"run {run_id} is {status}; cancel it first")
+            conn.execute(delete(runs).where(runs.c.id == run_id))
+
+    def delete_expired(self, ended_before: datetime, limit: int = 100) -> list[str]:
+        """Remove up to `limit` runs that ended before `ended_before`, each with its items
+        and claims; returns their ids. Each run goes in its own transaction, so a sweep never
+        holds locks on many runs at once; a run locked right now is left for the next one."""
+        with self._db.single_statement() as conn:
+            candidates = list(
+                conn.execute(
+                    select(runs.c.id)
+                    .where(runs.c.status.in_(RUN_ENDED), runs.c.finished_at < ended_before)
+                    .order_by(runs.c.finished_at)
+                    .limit(limit)
+                ).scalars()
+            )
+        deleted = []
+        for run_id in candidates:
+            with self._db.transaction() as conn:
+                locked = conn.execute(
+                    select(runs.c.id)
+                    .where(
+                        runs.c.id == run_id,
+                        runs.c.status.in_(RUN_ENDED),
+                        runs.c.finished_at < ended_before,
+                    )
+                    .with_for_update(skip_locked=True)
+                ).scalar()
+                if locked is not None:
+                    conn.execute(delete(runs).where(runs.c.id == run_id))
+                    deleted.append(run_id)
+        return deleted
 
     def retry_failed(self, run_id: str, project: str) -> int:
         """failed → pending for the run's failed items (their claims are kept, so extraction

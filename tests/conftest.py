@@ -36,7 +36,9 @@ def clean_stub(stub):  # type: ignore[no-untyped-def]
 
 @pytest.fixture(scope="module")
 def service_env(pg_database: str, stub, tmp_path_factory) -> dict[str, str]:  # type: ignore[no-untyped-def]
-    """Environment for recallq processes: Postgres, a clean Redis database, the stub model."""
+    """Environment for recallq processes: Postgres, a clean Redis database, the stub model.
+    Without keys (RECALLQ_AUTH=off) and without limits per client: the tests of those
+    (tests/integration/test_security.py and its neighbours) start an API of their own."""
     from tests.services import redis_database, write_models_file
 
     tmp_path: Path = tmp_path_factory.mktemp("env")
@@ -48,4 +50,7 @@ def service_env(pg_database: str, stub, tmp_path_factory) -> dict[str, str]:  # 
         "STUB_API_KEY": "sk-stub-secret",
         "RECALLQ_RETRY_BASE_DELAY": "0.05",
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "RECALLQ_AUTH": "off",
+        "RECALLQ_SUBMISSIONS_PER_MINUTE": "0",
+        "RECALLQ_MAX_ACTIVE_RUNS_PER_PROJECT": "100000",
     }

@@ -10,6 +10,7 @@ from __future__ import annotations
 from celery import Celery
 
 from recallq import broker, patches
+from recallq.redact import install_log_redaction
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 
@@ -26,6 +27,8 @@ def start(settings: Settings) -> Celery:
     # No pre-ping before each transaction: an outage already hands the message back.
     queue = broker.CeleryQueue(app, settings.extraction_pack)
     _runtime = Runtime.distributed(settings, queue, pre_ping=False)
+    # provider errors are redacted before they are stored; this covers every log line too
+    install_log_redaction(_runtime.redactor)
     return app
 
 

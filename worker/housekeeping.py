@@ -1,10 +1,11 @@
-"""The worker's background threads: its heartbeat, the reaper's sweeps and handing back the
-items of tasks that a database or Redis outage interrupted; the provider batch lane's polls.
+"""The worker's background threads: its heartbeat, the reaper's sweeps, the retention and
+handing back the items of tasks that a database or Redis outage interrupted; the provider
+batch lane's polls.
 
 Started when the worker is ready, stopped when it shuts down. One worker at a time sweeps
-(see recallq.reaper); every worker beats. One worker at a time polls the batch lane (see
-recallq.batch_lane), in a thread of its own: applying a large batch's results takes longer
-than a heartbeat may wait.
+(see recallq.reaper) and applies the retention (recallq.retention); every worker beats. One
+worker at a time polls the batch lane (see recallq.batch_lane), in a thread of its own:
+applying a large batch's results takes longer than a heartbeat may wait.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from celery import signals
 from recallq.batch_lane import BatchLane
 from recallq.coordination import keys
 from recallq.reaper import Reaper
+from recallq.retention import Retention
 from recallq.store import ItemStore
 from worker.celery_app import runtime
 
@@ -44,9 +46,10 @@ def _hand_back_abandoned(items: ItemStore) -> None:
             _abandoned.discard(item_id)
 
 
-def _loop(reaper: Reaper, items: ItemStore) -> None:
+def _loop(reaper: Reaper, retention: Retention, items: ItemStore) -> None:
     heartbeat = reaper.heartbeat
     next_sweep = time.monotonic() + min(reaper.interval, heartbeat.interval)
+    next_retention = time.monotonic() + min(reaper.interval, retention.interval)
     while not _stop.is_set():
         try:
             _hand_back_abandoned(items)
@@ -57,6 +60,9 @@ def _loop(reaper: Reaper, items: ItemStore) -> None:
             if time.monotonic() >= next_sweep:
                 next_sweep = time.monotonic() + reaper.interval
                 reaper.try_sweep()
+            if time.monotonic() >= next_retention:
+                next_retention = time.monotonic() + retention.interval
+                retention.try_sweep()
         except Exception:  # noqa: BLE001  (an outage must not kill the thread)
             log.warning("housekeeping failed; retrying", exc_info=True)
         _stop.wait(min(heartbeat.interval, reaper.interval))
@@ -92,8 +98,12 @@ def _start(**_: Any) -> None:
     reaper = current.reaper()
     reaper.heartbeat.beat()
     reaper.mark_broker_fresh()
+    retention = current.retention()
     thread = threading.Thread(
-        target=_loop, args=(reaper, current.items), name="recallq-housekeeping", daemon=True
+        target=_loop,
+        args=(reaper, retention, current.items),
+        name="recallq-housekeeping",
+        daemon=True,
     )
     thread.start()
     lane = current.batch_lane()

@@ -4,7 +4,7 @@ Items keep the submitted record's other fields (`metadata`, recallq.dataset), an
 `GET /v1/runs` pages a project's runs by creation time.
 
 Revision ID: 0004
-Revises: 0002
+Revises: 0003
 Create Date: 2026-12-01 09:00:00
 """
 
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0004"
-down_revision = "0002"
+down_revision = "0003"
 branch_labels = None
 depends_on = None
 

@@ -23,6 +23,20 @@ def run_cancelled(run_id: str) -> str:
     return f"{PREFIX}cancelled:{run_id}"
 
 
+def run_spend(run_id: str) -> str:
+    """Hash: what a run with a budget has spent (usd, tokens), for the call gate."""
+    return f"{PREFIX}spend:{run_id}"
+
+
+def submissions(key_id: str) -> str:
+    """The GCRA state of one API key's submissions (its next allowed time)."""
+    return f"{PREFIX}submissions:{key_id}"
+
+
+#: Held by the one worker applying the retention setting.
+RETENTION_LOCK = PREFIX + "retention-lock"
+
+
 def run_calls_in_flight(run_id: str) -> str:
     """Sorted set of the run's judge calls in flight, scored by when each expires."""
     return f"{PREFIX}inflight:{run_id}"

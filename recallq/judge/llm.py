@@ -28,6 +28,7 @@ from recallq.judge.base import (
     Usage,
 )
 from recallq.model_registry import ModelConfig
+from recallq.redact import Redactor
 from recallq.retry import RetryPolicy, call_with_retries
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
@@ -74,6 +75,10 @@ def _reason(exc: Exception) -> str:
     return f"provider unavailable ({status})" if status else "provider unavailable"
 
 
+#: litellm params that price a model litellm's own price map does not know
+PRICE_PARAMS = ("input_cost_per_token", "output_cost_per_token")
+
+
 def _estimate_tokens(messages: list[dict[str, str]]) -> int:
     return sum(len(m["content"]) for m in messages) // 4 + 256
 
@@ -98,7 +103,11 @@ class LLMJudge:
         gate: CallGate,
         breaker: CircuitBreaker,
         timeout: float,
+        redact: Redactor | None = None,
     ) -> None:
+        """`redact` takes secrets out of provider error text before it is stored or logged
+        (the runtime builds it with every configured key; without one, the key of this model
+        and the usual patterns)."""
         patches.prepare_litellm()
         self.name = config.name
         self._gate = gate
@@ -107,11 +116,16 @@ class LLMJudge:
         self._policy = policy
         self._limiter = limiter
         self._timeout = timeout
+        self._redact = redact or Redactor(
+            value for value in self._params.values() if isinstance(value, str)
+        )
         model = self._params["model"]
-        # litellm prices a call by its map, or by the models file's own per-token prices
-        own_price = {"input_cost_per_token", "output_cost_per_token"} & set(self._params)
-        listed = model in litellm.model_cost or model.split("/", 1)[-1] in litellm.model_cost
-        self._priced = listed or bool(own_price)
+        # priced by litellm's map, or by prices the models file gives (litellm uses them)
+        self._priced = (
+            model in litellm.model_cost
+            or model.split("/", 1)[-1] in litellm.model_cost
+            or any(self._params.get(name) is not None for name in PRICE_PARAMS)
+        )
         if not self._priced:
             patches.mark_unpriced(model, model.split("/", 1)[-1])
         self._warm_up()
@@ -194,11 +208,12 @@ class LLMJudge:
                     self._limiter.penalise(self.name, retry_after)
                 self._breaker.record_failure(self.name, reason, retry_after, probe)
                 raise TransientJudgeError(
-                    f"{type(exc).__name__}: {_clean(exc)}", reason, retry_after
-                ) from exc
+                    f"{type(exc).__name__}: {_clean(exc, self._redact)}", reason, retry_after
+                ) from None  # the provider's text, unredacted, stays out of every traceback
             except _PERMANENT as exc:  # the provider answered: it is up, this call is wrong
                 self._breaker.record_success(self.name, probe)
-                raise PermanentJudgeError(f"{type(exc).__name__}: {_clean(exc)}") from exc
+                message = f"{type(exc).__name__}: {_clean(exc, self._redact)}"
+                raise PermanentJudgeError(message) from None
             except JudgeError:  # not sent (no rate-limit room, a cancelled run)
                 if probe is not None:
                     self._breaker.release(self.name, probe)
@@ -212,6 +227,7 @@ class LLMJudge:
         completion = getattr(reported, "completion_tokens", 0) or 0
         self._limiter.settle(self.name, estimate, prompt + completion)
         cost = float(response._hidden_params.get("response_cost") or 0.0) if self._priced else 0.0
+        self._gate.charge(run_id, cost, prompt + completion)
         choice = response.choices[0]
         usage = Usage(1, prompt, completion, cost) + attempts
         return Completion(choice.message.content, choice.finish_reason, usage)
@@ -234,7 +250,9 @@ def _parse(schema: str, completion: Completion) -> dict[str, Any]:
     return protocol.parse_answer(schema, completion.content, completion.finish_reason)
 
 
-def _clean(exc: Exception) -> str:
-    """The provider's message without litellm's long hints."""
-    message = str(getattr(exc, "message", None) or exc)
+def _clean(exc: Exception, redact: Redactor) -> str:
+    """The provider's message without litellm's long hints, and without secrets: providers
+    echo the request's Authorization header in their 401 messages. Redacted before it is
+    cut, so a cut never leaves half a key behind."""
+    message = redact(str(getattr(exc, "message", None) or exc))
     return message.split("\n", 1)[0][:300]

@@ -12,6 +12,7 @@ from recallq.coordination.ratelimit import RateLimiter
 from recallq.judge.base import Judge, PermanentJudgeError
 from recallq.judge.lexical import LexicalJudge
 from recallq.model_registry import LEXICAL, ModelConfig, ModelRegistryError
+from recallq.redact import Redactor
 from recallq.retry import RetryPolicy
 
 
@@ -26,8 +27,10 @@ class JudgeRegistry:
         request_timeout: float,
         extraction_pack: int,
         judges: Mapping[str, Judge] | None = None,
+        redact: Redactor | None = None,
     ) -> None:
-        """`judges` are ready-made judges by name (tests put doubles of a provider here)."""
+        """`judges` are ready-made judges by name (tests put doubles of a provider here);
+        `redact` takes secrets out of provider error text (see recallq.redact)."""
         self.models = models
         self._limiter_for = limiter_for
         self._gate = gate
@@ -35,6 +38,7 @@ class JudgeRegistry:
         self._policy = policy
         self._timeout = request_timeout
         self._pack = extraction_pack
+        self._redact = redact
         self._judges: dict[str, Judge] = {LEXICAL: LexicalJudge(), **(judges or {})}
         self._lock = threading.Lock()
 
@@ -60,6 +64,14 @@ class JudgeRegistry:
 
         try:
             limiter = self._limiter_for(config)
-            return LLMJudge(config, self._policy, limiter, self._gate, self.breaker, self._timeout)
+            return LLMJudge(
+                config,
+                self._policy,
+                limiter,
+                self._gate,
+                self.breaker,
+                self._timeout,
+                self._redact,
+            )
         except ModelRegistryError as exc:  # a missing key fails each item at once, not later
             raise PermanentJudgeError(str(exc)) from exc

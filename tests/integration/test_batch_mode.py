@@ -87,6 +87,8 @@ def env(database_url: str, redis_server: RedisServer, stub, tmp_path_factory) ->
         "RECALLQ_RETRY_BASE_DELAY": "0.05",
         "RECALLQ_REQUEST_TIMEOUT": "10",
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+        "RECALLQ_AUTH": "off",  # keys are tested elsewhere
+        "RECALLQ_SUBMISSIONS_PER_MINUTE": "0",
         # the lane sends one request per item and stage: online runs here do the same, so
         # the two spend the same tokens and only the price differs
         "RECALLQ_EXTRACTION_PACK": "1",

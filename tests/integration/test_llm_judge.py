@@ -136,3 +136,26 @@ def test_a_key_missing_from_a_workers_environment_fails_items_at_once(
     assert clean_stub.calls() == []
     monkeypatch.setenv("STUB_API_KEY", "sk-now-set")  # the failure was not kept as the judge
     assert registry.get("stub-judge").name == "stub-judge"
+
+
+def test_prices_from_the_models_file_are_billed_and_noticed(clean_stub) -> None:  # type: ignore[no-untyped-def]
+    """litellm bills with litellm_params' per-token prices; the judge must not mark such a
+    model unpriced (its budget would never be reached)."""
+    params = {
+        "model": "openai/stub-house-model",
+        "api_base": clean_stub.base_url,
+        "api_key": "sk-test",
+        "input_cost_per_token": 0.000001,
+        "output_cost_per_token": 0.000002,
+    }
+    judge = LLMJudge(
+        ModelConfig("house", params),
+        RetryPolicy(),
+        Unlimited(),
+        OpenGate(),
+        LocalCircuitBreaker(),
+        30,
+    )
+    usage = judge.extract_claims("Ada was born in 1815. She wrote a program.", "r").usage
+    expected = usage.prompt_tokens * 0.000001 + usage.completion_tokens * 0.000002
+    assert usage.cost_usd == pytest.approx(expected)

@@ -40,3 +40,19 @@ def test_worker_scales_and_services_are_healthchecked() -> None:
 
 def test_contract_commands_exist() -> None:
     assert {"run", "api", "worker", "migrate", "submit", "status", "results"} <= _subcommands()
+
+
+def test_no_open_api_and_no_password_in_the_file() -> None:
+    text = (REPO / "docker-compose.yml").read_text()
+    compose = yaml.safe_load(text)
+    services = compose["services"]
+    for port in services["api"]["ports"]:
+        assert str(port).startswith("127.0.0.1:"), port
+    password = services["postgres"]["environment"]["POSTGRES_PASSWORD"]
+    assert password.startswith("${POSTGRES_PASSWORD"), password
+    url = compose["x-recallq-env"]["RECALLQ_DATABASE_URL"]
+    assert ":${POSTGRES_PASSWORD" in url
+    for service in services.values():  # keys required: the default, nowhere turned off
+        assert "RECALLQ_AUTH" not in (service.get("environment") or {})
+    assert "RECALLQ_AUTH" not in compose["x-recallq-env"]
+    assert "recallq keys create" in text  # says how to make the first key

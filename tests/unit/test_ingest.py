@@ -296,13 +296,13 @@ def test_item_string_context_is_one_passage() -> None:
 def test_static_context_is_the_fallback() -> None:
     for raw in ({}, {"context": None}):
         row, resolvable = item_row(raw, 0, STATIC)
-        assert row["contexts"] == ["static passage"]
+        assert row["contexts"] is None  # the run's static context, stored once on the run
         assert resolvable is True
 
 
 def test_item_with_no_context_source_is_not_resolvable() -> None:
     row, resolvable = item_row({"ground_truth": "x"}, 0, spec())
-    assert row["contexts"] == []
+    assert row["contexts"] is None
     assert resolvable is False
 
 
@@ -345,7 +345,7 @@ def test_item_context_wins_over_extractor() -> None:
 def test_extractor_ignores_items_that_are_not_agent_shaped() -> None:
     run = spec(context=["static"], context_extractor={"type": "tool_results"})
     row, resolvable = item_row({"input": "q", "output": "a"}, 0, run)
-    assert row["contexts"] == ["static"]
+    assert row["contexts"] is None  # the run's static context
     assert resolvable is True
 
 
@@ -450,7 +450,7 @@ def test_create_run_stores_run_and_items_in_order(db) -> None:
     stored = stored_items(db, run_id)
     assert [(i.idx, i.key) for i in stored] == [(0, "q1"), (1, "1"), (2, "7")]
     assert [i.ground_truth for i in stored] == ["first", '{"fact": 1}', None]
-    assert [i.contexts for i in stored] == [["own"], ["static"], ["static"]]
+    assert [i.contexts for i in stored] == [["own"], None, None]  # None: the run's context
     assert (stored[2].input, stored[2].output) == ({"q": "?"}, "o")
     assert {i.status for i in stored} == {"pending"}
     assert counts(db) == (1, 3)
@@ -526,7 +526,7 @@ def test_extractor_that_never_applies_gives_no_context(db) -> None:
 
 def test_one_item_with_context_is_enough(db) -> None:
     run_id = submit(db, spec(), [{"id": "a"}, {"id": "b", "context": ["c"]}])
-    assert [i.contexts for i in stored_items(db, run_id)] == [[], ["c"]]
+    assert [i.contexts for i in stored_items(db, run_id)] == [None, ["c"]]
 
 
 def test_agent_items_with_extractor_are_accepted(db) -> None:

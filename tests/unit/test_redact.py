@@ -161,3 +161,29 @@ def test_it_is_fast_and_linear() -> None:
     start = time.perf_counter()
     redactor(" ".join(runs))
     assert time.perf_counter() - start < 1.0  # ~0.05 s; a quadratic pattern takes minutes
+
+
+def test_log_records_are_redacted_where_they_are_made(caplog) -> None:  # type: ignore[no-untyped-def]
+    import logging
+
+    from recallq.redact import install_log_redaction
+
+    secret = "configured-provider-key-0123456789"
+    install_log_redaction(Redactor([secret]))
+    try:
+        logger = logging.getLogger("recallq.test_redaction")
+        with caplog.at_level(logging.INFO, logger="recallq.test_redaction"):
+            logger.info("provider said: %s", f"Incorrect API key provided: {secret}")
+            logger.info("%s - %s %d", "127.0.0.1", "GET /x", 200)  # arguments stay arguments
+            logger.info(f"api_key={secret} in the format string itself %s", "arg")
+            try:
+                raise ValueError(f"Authorization: Bearer {secret}")
+            except ValueError:
+                logger.exception("failed")
+        text = caplog.text
+        assert secret not in text and "[redacted]" in text
+        assert "127.0.0.1 - GET /x 200" in text
+        records = [r for r in caplog.records if r.name == "recallq.test_redaction"]
+        assert records[1].args == ("127.0.0.1", "GET /x", 200)
+    finally:
+        install_log_redaction(Redactor())

@@ -1,0 +1,238 @@
+"""The shapes the HTTP API sends and takes, for its OpenAPI document.
+
+They document; they do not filter: routes return the read models of recallq.queries as they
+are, and these models allow extra fields, so a field added there is never dropped on the way
+out (the spec only promises the fields listed here).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="stable, machine-readable: `not_found`, `unauthenticated`, ...")
+    message: str = Field(description="for people; may change")
+
+
+class ErrorResponse(BaseModel):
+    """Every 4xx (and a 500, should one happen) has this shape."""
+
+    error: ErrorDetail
+
+
+class Counts(_Open):
+    total: int
+    pending: int
+    running: int
+    succeeded: int
+    failed: int
+    cancelled: int
+
+
+class Summary(_Open):
+    mean_score: float | None
+    scored_items: int
+    claims_total: int
+    claims_attributed: int
+    no_ground_truth: int = Field(description="scored 0: nothing to check, not a retrieval miss")
+
+
+class Usage(_Open):
+    llm_calls: int = Field(description="calls the provider answered (what is billed)")
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+    claim_cache_hits: int | None = None
+    call_attempts: int | None = Field(None, description="requests sent, failed ones included")
+    failed_calls: int | None = Field(None, description="answered with an error, or not at all")
+    deferrals: int | None = Field(None, description="times items waited for a provider")
+
+
+class BatchProgress(_Open):
+    requests_submitted: int
+    completed: int
+    failed: int
+    batches_pending: int
+
+
+class Waiting(_Open):
+    model: str | None
+    reason: str
+    since: str | None
+    next_probe_at: str | None
+
+
+class RunView(_Open):
+    id: str
+    name: str | None
+    status: Literal["queued", "running", "completed", "cancelled"]
+    model: str
+    mode: Literal["online", "batch"] = "online"
+    scale: float
+    created_at: str | None
+    started_at: str | None
+    finished_at: str | None
+    retry_deadline_s: float | None = None
+    counts: Counts
+    summary: Summary
+    usage: Usage
+    waiting: Waiting | None = None
+    batch: BatchProgress | None = None
+    cancel_reason: Literal["user", "budget"] | None = None
+    budget_usd: float | None = None
+    budget_tokens: int | None = None
+
+
+class RunsPage(_Open):
+    runs: list[RunView]
+    next_cursor: str | None
+
+
+class Comparison(_Open):
+    """Two runs of the same items, paired by item id."""
+
+    matched: int
+    unmatched: dict[str, int]
+    base_mean: float | None
+    candidate_mean: float | None
+    mean_difference: float | None
+    ci95: list[float] | None
+    improved: int
+    regressed: int
+    unchanged: int
+    largest_changes: list[dict[str, Any]]
+
+
+class RetriedRun(RunView):
+    retried_items: int
+
+
+class ClaimView(_Open):
+    index: int
+    text: str
+    verdict: Literal["yes", "no"] | None
+    context_indices: list[int]
+    reason: str | None
+
+
+class ItemView(_Open):
+    id: str
+    index: int
+    status: Literal["pending", "running", "succeeded", "failed", "cancelled"]
+    score: float | None
+    reason: str | None
+    error: str | None
+    attempts: int
+    deferrals: int | None = None
+    claims_total: int | None
+    claims_attributed: int | None
+    claims: list[ClaimView]
+
+
+class ItemsPage(_Open):
+    items: list[ItemView]
+    next_cursor: str | None
+
+
+class Estimate(_Open):
+    """What a run would take (`dry_run=true`): nothing is created."""
+
+    dry_run: Literal[True]
+    model: str
+    items: int
+    calls: int = Field(description="judge calls, claim-cache hits subtracted")
+    cache_hits: int
+    prompt_tokens: int
+    completion_tokens: int
+    tokens: int
+    cost_usd: float | None = Field(description="null when the model has no known price")
+    priced: bool
+
+
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    status: Literal["ok", "unavailable"]
+    checks: dict[str, str]
+    workers_alive: int
+
+
+# --- what POST /v1/runs takes -------------------------------------------------------------
+
+
+class ToolResultsExtractor(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["tool_results"]
+    tools: list[str] | None = Field(None, min_length=1)
+
+
+class JmespathExtractor(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    type: Literal["jmespath"]
+    expression: str = Field(min_length=1, max_length=1000)
+
+
+class SubmittedItem(BaseModel):
+    """One item. `context` may be left out when the run has a static context, or when the
+    item is agent-shaped and the run names a context_extractor."""
+
+    id: str | int | None = Field(None, description="unique within the run; default: index")
+    input: Any = None
+    output: Any = None
+    ground_truth: Any = Field(None, description="a non-string one is scored as its JSON text")
+    context: list[Any] | str | None = None
+    metadata: dict[str, Any] | None = Field(
+        None, description="kept with the item; other unknown fields go here too"
+    )
+
+
+class RunSubmission(BaseModel):
+    """A JSON submission (at most `RECALLQ_MAX_JSON_BODY_BYTES`; large runs use NDJSON)."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str | None = Field(None, max_length=200)
+    model: str | None = Field(None, description="a name from the models file")
+    mode: Literal["online", "batch"] = Field(
+        "online", description="batch: through the provider's Batch API (a model marked batch)"
+    )
+    scale: float = Field(1, gt=0, le=1_000_000)
+    context: list[Any] | str | None = Field(None, description="static context for every item")
+    context_extractor: ToolResultsExtractor | JmespathExtractor | None = None
+    retry_deadline_s: float | None = Field(None, gt=0, le=30 * 86400)
+    budget_usd: float | None = Field(None, gt=0, le=1_000_000)
+    budget_tokens: int | None = Field(None, gt=0, le=10**12)
+    items: list[SubmittedItem] = Field(min_length=1)
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI responses for these error statuses, each with the error shape."""
+    return {
+        status: {"model": ErrorResponse, "description": _DESCRIPTIONS[status]}
+        for status in statuses
+    }
+
+
+_DESCRIPTIONS = {
+    400: "Malformed body or parameters",
+    401: "Missing, unknown or revoked API key (`unauthenticated`)",
+    403: "The key's role may not do this (`forbidden`)",
+    404: "No such run in the key's project (another project's run is not found either)",
+    405: "Method not allowed (the `Allow` header lists those that are)",
+    408: "The request body arrived too slowly",
+    409: "The run is in a state that does not allow this",
+    413: "Body, line or item count over a limit",
+    415: "Unsupported Content-Type",
+    422: "The request is well-formed but not acceptable (the message says why)",
+    429: "Too many submissions for this key, or the project holds as much as it may "
+    "(`Retry-After` says when to retry)",
+    503: "The server is busy receiving other uploads; retry",
+}

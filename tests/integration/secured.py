@@ -1,0 +1,80 @@
+"""An API that requires keys, and keys made the way an operator makes them (`recallq keys`)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+import httpx
+
+from tests.services import REPO
+
+
+def secured_env(service_env: dict[str, str], **settings: Any) -> dict[str, str]:
+    """service_env with keys required (it has them off) and the given RECALLQ_* settings."""
+    env = {**service_env, "RECALLQ_AUTH": "required"}
+    env.update({f"RECALLQ_{name.upper()}": str(value) for name, value in settings.items()})
+    return env
+
+
+def recallq(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "recallq.cli", *args],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def make_key(env: dict[str, str], project: str, role: str, label: str = "test") -> str:
+    """A new key from `recallq keys create` (printed once, on stdout)."""
+    done = recallq(env, "keys", "create", "--project", project, "--role", role, "--label", label)
+    assert done.returncode == 0, done.stderr
+    key = done.stdout.strip()
+    assert key.startswith("rq_") and len(key) == 46, key
+    return key
+
+
+def key_id_of(env: dict[str, str], label: str) -> str:
+    listed = recallq(env, "keys", "list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = [json.loads(line) for line in listed.stdout.splitlines()]
+    (row,) = [row for row in rows if row["label"] == label]
+    return str(row["id"])
+
+
+def bearer(key: str | None) -> dict[str, str]:
+    return {} if key is None else {"Authorization": f"Bearer {key}"}
+
+
+def items(n: int, prefix: str = "q") -> list[dict[str, Any]]:
+    return [
+        {"id": f"{prefix}{i}", "ground_truth": f"Fact number {i}.", "context": [f"Fact {i}."]}
+        for i in range(n)
+    ]
+
+
+def submit(
+    api: str,
+    key: str | None,
+    body: dict[str, Any],
+    headers: dict[str, str] | None = None,
+    **kwargs: Any,
+) -> httpx.Response:
+    headers = {**bearer(key), **(headers or {})}
+    return httpx.post(f"{api}/v1/runs", json=body, headers=headers, timeout=60, **kwargs)
+
+
+def error_of(response: httpx.Response) -> tuple[int, str]:
+    body = response.json()
+    assert set(body) == {"error"} and set(body["error"]) == {"code", "message"}, body
+    return response.status_code, body["error"]["code"]
+
+
+def env_without_secrets() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("RECALLQ_")}

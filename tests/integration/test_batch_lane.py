@@ -275,7 +275,7 @@ def crash_state(lane: Lane, run_id: str) -> tuple[str, str]:
     """A poll's first steps by hand, up to its batch's create call: returns (our batch id,
     the provider's input file id)."""
     store, api = lane.lane.store, lane.lane.api(MODEL)
-    lane.lane.plan(LaneRun(run_id, MODEL, 1.0, None))
+    lane.lane.plan(LaneRun(run_id, "default", MODEL, 1.0, None))
     ready = store.ready(run_id, Stage.EXTRACTION, 100)
     file = InputFile(100, 10**6)
     for row in ready:

@@ -44,12 +44,21 @@ class Summary(_Open):
     no_ground_truth: int = Field(description="scored 0: nothing to check, not a retrieval miss")
 
 
+class Spent(_Open):
+    llm_calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float
+
+
 class Usage(_Open):
     llm_calls: int = Field(description="calls the provider answered (what is billed)")
     prompt_tokens: int
     completion_tokens: int
     cost_usd: float
     claim_cache_hits: int | None = None
+    by_stage: dict[Literal["extraction", "attribution"], Spent] | None = None
+    by_lane: dict[Literal["online", "batch"], Spent] | None = None
     call_attempts: int | None = Field(None, description="requests sent, failed ones included")
     failed_calls: int | None = Field(None, description="answered with an error, or not at all")
     deferrals: int | None = Field(None, description="times items waited for a provider")
@@ -146,13 +155,21 @@ class Estimate(_Open):
 
     dry_run: Literal[True]
     model: str
+    mode: Literal["online", "batch"]
     items: int
-    calls: int = Field(description="judge calls, claim-cache hits subtracted")
+    calls: int = Field(
+        description="judge calls: claim-cache hits subtracted, extractions packed as the "
+        "workers pack them (online), one request per item and stage (batch)"
+    )
+    extraction_calls: int
+    attribution_calls: int
     cache_hits: int
     prompt_tokens: int
     completion_tokens: int
     tokens: int
-    cost_usd: float | None = Field(description="null when the model has no known price")
+    cost_usd: float | None = Field(
+        description="at the batch price for a batch run; null when the model has no known price"
+    )
     priced: bool
 
 

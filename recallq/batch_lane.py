@@ -49,10 +49,8 @@ from recallq.batch_requests import (
     InputFile,
     LineFailure,
     LineResult,
-    Price,
     Repair,
     Retry,
-    Stage,
     Verdicts,
     answer_usage,
     carry_verdicts,
@@ -76,6 +74,8 @@ from recallq.judge import protocol
 from recallq.judge.base import NO_USAGE, PermanentJudgeError, TransientJudgeError, Usage
 from recallq.model_registry import ModelConfig, ModelRegistryError
 from recallq.models import utcnow
+from recallq.outcomes import Stage
+from recallq.prices import Price, batch_price
 from recallq.settings import Settings
 from recallq.store import BatchedItemStore, RunStore
 
@@ -171,7 +171,8 @@ class BatchLane:
             with self.store.transaction() as conn:
                 for u in unplanned:
                     if u.ground_truth is None:
-                        self.items.succeed(conn, u.item_id, scoring.no_ground_truth(), NO_USAGE)
+                        outcome = scoring.no_ground_truth()
+                        self.items.succeed(conn, u.item_id, outcome, NO_USAGE, Stage.EXTRACTION)
                     elif u.claims is not None:
                         new += self._after_claims(conn, run, u.item_id, u.claims, u.contexts)
                     elif (hit := cached.get(keys[u.item_id])) is not None:
@@ -198,7 +199,9 @@ class BatchLane:
         with score 0, else its claims are stored and attribution comes next."""
         if not claims:
             outcome = scoring.no_claims()
-            self.items.succeed(conn, item_id, outcome, usage, cache_hits=int(cache_hit))
+            self.items.succeed(
+                conn, item_id, outcome, usage, Stage.EXTRACTION, cache_hits=int(cache_hit)
+            )
             return []
         key = cache_key(ground_truth, run.model, protocol.PROMPT_VERSION, project=run.project)
         if not self.items.save_claims(conn, item_id, claims, usage, cache_hit, key):
@@ -217,7 +220,9 @@ class BatchLane:
         if not contexts:
             verdicts = scoring.no_context_verdicts(len(claims))
             outcome = scoring.no_context(list(claims))
-            self.items.succeed(conn, item_id, outcome, NO_USAGE, claims, verdicts)
+            self.items.succeed(
+                conn, item_id, outcome, NO_USAGE, Stage.ATTRIBUTION, claims, verdicts
+            )
             return []
         return [NewLine(run.id, item_id, Stage.ATTRIBUTION)]
 
@@ -432,20 +437,22 @@ class BatchLane:
         if isinstance(decision, Verdicts):
             claims = list(request.claims)
             outcome = scoring.score_claims(claims, decision.verdicts, run.scale)
-            self.items.succeed(conn, item_id, outcome, usage, claims, decision.verdicts)
+            self.items.succeed(
+                conn, item_id, outcome, usage, Stage.ATTRIBUTION, claims, decision.verdicts
+            )
             return []
         if isinstance(decision, AskAgain):
-            if not self.items.charge(conn, item_id, usage):
+            if not self.items.charge(conn, item_id, usage, Stage.ATTRIBUTION):
                 return []
             carry = {"verdicts": carry_verdicts(decision.verdicts)}
             return [NewLine(run.id, item_id, Stage.ATTRIBUTION, decision.missing, True, carry)]
         if isinstance(decision, Repair):
-            if not self.items.charge(conn, item_id, usage):
+            if not self.items.charge(conn, item_id, usage, request.stage):
                 return []
             carry = repair_carry(request, decision)
             return [NewLine(run.id, item_id, request.stage, asked, request.reask, carry)]
         if isinstance(decision, Failed):
-            self.items.fail(conn, item_id, decision.error, usage)
+            self.items.fail(conn, item_id, decision.error, usage, request.stage)
             return []
         assert isinstance(decision, Retry)
         now = utcnow()
@@ -453,9 +460,9 @@ class BatchLane:
         deadline = self._deadline(run.retry_deadline_s)
         if now - since >= timedelta(seconds=deadline):
             error = f"gave up after the run's retry deadline ({deadline:g} s) passed: "
-            self.items.fail(conn, item_id, error + decision.error, usage)
+            self.items.fail(conn, item_id, error + decision.error, usage, request.stage)
             return []
-        if not self.items.wait(conn, item_id, usage, since):
+        if not self.items.wait(conn, item_id, usage, request.stage, since):
             return []
         return [NewLine(run.id, item_id, request.stage, asked, request.reask, request.carry)]
 
@@ -467,7 +474,7 @@ class BatchLane:
         with self.store.transaction() as conn:
             if self.store.drop(conn, batch.id, error):
                 for row in rows:
-                    self.items.fail(conn, row.item_id, error, NO_USAGE)
+                    self.items.fail(conn, row.item_id, error, NO_USAGE, row.request.stage)
 
     def _fail_ready(self, run: LaneRun, error: str) -> None:
         for stage in Stage:
@@ -479,7 +486,7 @@ class BatchLane:
         with self.store.transaction() as conn:
             for row in rows:
                 if self.store.drop_ready(conn, row.request.line_id, error):
-                    self.items.fail(conn, row.item_id, error, NO_USAGE)
+                    self.items.fail(conn, row.item_id, error, NO_USAGE, row.request.stage)
 
     # --- models -------------------------------------------------------------------------------
 
@@ -503,9 +510,7 @@ class BatchLane:
             config = self.models.get(model)
             if config is None:
                 return Price()
-            from recallq.judge.batch_api import price_of
-
-            self._prices[model] = price_of(config)
+            self._prices[model] = batch_price(config)
         return self._prices[model]
 
     def _deadline(self, retry_deadline_s: float | None) -> float:

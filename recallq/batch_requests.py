@@ -5,7 +5,7 @@
     a request and its result ──decide()──► what happens to the item next
 
 It also names what the lane needs of a provider (BatchAPI, BatchInfo: recallq.judge.batch_api
-implements them through litellm) and prices batch requests (Price, batch_price).
+implements them through litellm) and what a batch answer used (at recallq.prices' batch price).
 
 `decide` applies the online engine's rules (recallq.engine) to one answer, so a batch-mode run
 scores exactly as an online one: a malformed answer is asked again once with a repair
@@ -19,23 +19,19 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any, Protocol
 
 from recallq import scoring
 from recallq.judge import protocol
 from recallq.judge.base import Usage
+from recallq.outcomes import Stage
+from recallq.prices import Price
 
 ENDPOINT = "/v1/chat/completions"
 CUSTOM_ID_PREFIX = "rq-"
 #: Body parameters of a models file entry's litellm_params that a batch request carries, as
 #: an online call does (the rest configure the connection or the price).
 BODY_PARAMS = ("max_tokens", "max_completion_tokens", "top_p", "seed", "reasoning_effort")
-
-
-class Stage(StrEnum):
-    EXTRACTION = "extraction"
-    ATTRIBUTION = "attribution"
 
 
 SCHEMA = {Stage.EXTRACTION: protocol.EXTRACTION, Stage.ATTRIBUTION: protocol.ATTRIBUTION}
@@ -398,31 +394,3 @@ class BatchAPI(Protocol):
     def cancel(self, batch_id: str) -> BatchInfo: ...
 
     def content(self, file_id: str) -> bytes: ...
-
-
-# --- price --------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Price:
-    """USD per token of a model's batch requests (0 for a model without a known price)."""
-
-    input_per_token: float = 0.0
-    output_per_token: float = 0.0
-
-    def cost(self, prompt_tokens: int, completion_tokens: int) -> float:
-        return prompt_tokens * self.input_per_token + completion_tokens * self.output_per_token
-
-
-def batch_price(
-    online: Price | None, listed: Price | None, discount: float | None, default: float = 0.5
-) -> Price:
-    """The price of a batch request: the price map's batch price (`listed`) when it has one,
-    else the online price less the discount (default 50%, providers' batch discount). A
-    models file's `batch_discount` applies to the online price whatever the map lists."""
-    if listed is not None and discount is None:
-        return listed
-    if online is None:
-        return Price()
-    keep = 1.0 - (default if discount is None else discount)
-    return Price(online.input_per_token * keep, online.output_per_token * keep)

@@ -33,7 +33,7 @@ from typing import Any, cast
 from sqlalchemy import Connection, Table, and_, exists, func, insert, select, update
 from sqlalchemy.orm import Session
 
-from recallq.batch_requests import Request, Stage
+from recallq.batch_requests import Request
 from recallq.db import Database
 from recallq.judge.base import Usage
 from recallq.models import (
@@ -47,6 +47,7 @@ from recallq.models import (
     as_utc,
     utcnow,
 )
+from recallq.outcomes import Stage
 from recallq.status import ItemStatus, RunStatus
 
 batches, lines = cast(Table, ProviderBatch.__table__), cast(Table, BatchLine.__table__)
@@ -569,12 +570,11 @@ def _usage(calls: Any, prompt: Any, completion: Any, cost: Any) -> dict[str, Any
 
 
 def run_lane_view(session: Session, run: Run, usage: dict[str, Any]) -> dict[str, Any]:
-    """The run view's lane figures: usage split by lane and by stage (additive keys of
-    `usage`), and for a batch-mode run the lane's progress (`batch`).
+    """The run view's lane figures: usage split by lane (an additive key of `usage`), and
+    for a batch-mode run the lane's progress (`batch`).
 
-    By lane: the batch lane's usage is what its answered requests used; the online lane's is
-    the rest of the items' usage. By stage: known for the batch lane's requests (an online
-    run's calls are not recorded per stage)."""
+    The batch lane's usage is what its answered requests used; the online lane's is the rest
+    of the items' usage."""
     answered = lines.c.state == LineState.ANSWERED
     by_stage = session.execute(
         select(
@@ -592,14 +592,7 @@ def run_lane_view(session: Session, run: Run, usage: dict[str, Any]) -> dict[str
     batch = _usage(*(sum(s[key] for s in stages.values()) for key in _USAGE_KEYS))
     online = {key: usage[key] - batch[key] for key in _USAGE_KEYS}
     online["cost_usd"] = round(max(0.0, online["cost_usd"]), 6)
-    view: dict[str, Any] = {
-        "by_lane": {"online": online, "batch": batch},
-        "by_stage": (
-            {stage: stages.get(stage, _usage(0, 0, 0, 0)) for stage in Stage}
-            if run.mode == RunMode.BATCH
-            else None
-        ),
-    }
+    view: dict[str, Any] = {"by_lane": {"online": online, "batch": batch}}
     progress = None
     if run.mode == RunMode.BATCH:
         requests = session.execute(

@@ -36,7 +36,7 @@ from recallq.judge.base import (
     Usage,
 )
 from recallq.judge.registry import JudgeRegistry
-from recallq.outcomes import Continue, Deferred, Ended, Skipped, StageOutcome, Taken
+from recallq.outcomes import Continue, Deferred, Ended, Skipped, Stage, StageOutcome, Taken
 from recallq.store import ItemStore, RunStore
 
 log = logging.getLogger(__name__)
@@ -112,7 +112,7 @@ class Engine:
         if isinstance(taken, Skipped):
             return taken
         if taken.ground_truth is None:
-            return self.items.succeed(taken, scoring.no_ground_truth(), NO_USAGE)
+            return self.items.succeed(taken, scoring.no_ground_truth(), NO_USAGE, Stage.EXTRACTION)
         return Continue(taken)
 
     def extract(self, taken: Taken) -> StageOutcome:
@@ -151,12 +151,13 @@ class Engine:
                 taken,
                 scoring.no_context(claims),
                 NO_USAGE,
+                Stage.ATTRIBUTION,
                 scoring.no_context_verdicts(len(claims)),
             )
         try:
             judge = self.judges.get(taken.model)
         except JudgeError as exc:
-            return self._settle_error(taken, exc, exc.usage)
+            return self._settle_error(taken, exc, exc.usage, Stage.ATTRIBUTION)
         usage = NO_USAGE
         try:
             verdicts, missing, usage = self._verdicts(judge, taken, claims, contexts, None)
@@ -164,13 +165,13 @@ class Engine:
                 again, missing, more = self._verdicts(judge, taken, claims, contexts, missing)
                 verdicts, usage = verdicts | again, usage + more
         except JudgeError as exc:
-            return self._settle_error(taken, exc, usage + exc.usage)
+            return self._settle_error(taken, exc, usage + exc.usage, Stage.ATTRIBUTION)
         if missing:
             names = ", ".join(str(i) for i in missing)
             error = f"the judge gave no verdict for claim(s) {names}, asked twice"
-            return self._fail(taken, error, usage)
+            return self._fail(taken, error, usage, Stage.ATTRIBUTION)
         outcome = scoring.score_claims(claims, verdicts, taken.scale)
-        return self.items.succeed(taken, outcome, usage, verdicts)
+        return self.items.succeed(taken, outcome, usage, Stage.ATTRIBUTION, verdicts)
 
     def settle(self, outcome: StageOutcome) -> None:
         """After an item ended (its write committed): send the items released in its place,
@@ -195,7 +196,9 @@ class Engine:
         try:
             judge = self.judges.get(needed[0].model)
         except JudgeError as exc:
-            return done + [(t, self._settle_error(t, exc, exc.usage)) for t in needed]
+            return done + [
+                (t, self._settle_error(t, exc, exc.usage, Stage.EXTRACTION)) for t in needed
+            ]
         uncached: list[tuple[Taken, str]] = []
         for taken in needed:
             assert taken.ground_truth is not None  # take ended items without one
@@ -229,7 +232,8 @@ class Engine:
         except JudgeError as exc:  # wait (incident, rate limit) or stop (cancelled): all alike
             shares = split_usage(exc.usage, len(pack))
             return [
-                (t, self._settle_error(t, exc, u)) for (t, _), u in zip(pack, shares, strict=True)
+                (t, self._settle_error(t, exc, u, Stage.EXTRACTION))
+                for (t, _), u in zip(pack, shares, strict=True)
             ]
         else:
             shares, found = split_usage(reply.usage, len(pack)), reply.claims
@@ -248,7 +252,7 @@ class Engine:
         try:
             reply = judge.extract_claims(taken.ground_truth, taken.run_id)
         except JudgeError as exc:
-            return self._settle_error(taken, exc, spent + exc.usage)
+            return self._settle_error(taken, exc, spent + exc.usage, Stage.EXTRACTION)
         return self._claims_found(taken, reply.data["claims"], spent + reply.usage, key, hit=False)
 
     def _claims_found(
@@ -256,7 +260,9 @@ class Engine:
     ) -> StageOutcome:
         """Store the claims (and cache fresh ones); none ends the item with score 0."""
         if not claims:
-            return self.items.succeed(taken, scoring.no_claims(), usage, cache_hits=int(hit))
+            return self.items.succeed(
+                taken, scoring.no_claims(), usage, Stage.EXTRACTION, cache_hits=int(hit)
+            )
         stored = self.items.save_claims(taken, claims, usage, hit, key)
         return stored if isinstance(stored, Skipped) else Continue(stored)
 
@@ -282,7 +288,7 @@ class Engine:
         return verdicts, [asked[j] for j in missing], reply.usage
 
     def _settle_error(
-        self, taken: Taken, exc: JudgeError, usage: Usage
+        self, taken: Taken, exc: JudgeError, usage: Usage, stage: Stage
     ) -> Ended | Skipped | Deferred:
         """A call that cannot succeed now (no rate-limit room, a provider incident) puts the
         item back in the queue until it can, keeping its claims and usage; a provider
@@ -293,22 +299,23 @@ class Engine:
             if self.runs.cancel_for_budget(taken.run_id):
                 log.info("run %s reached its budget: cancelled", taken.run_id)
             # the item is cancelled now: fail() finds it so and only charges what was spent
-            return self._fail(taken, str(exc), exc.usage)
+            return self._fail(taken, str(exc), usage, stage)
         if not isinstance(exc, TryLater):
-            return self._fail(taken, str(exc), usage)
+            return self._fail(taken, str(exc), usage, stage)
         if not exc.counts_towards_deadline:
-            return self.items.defer(taken, exc.delay, usage, _datetime(taken.waiting_since))
+            waiting = _datetime(taken.waiting_since)
+            return self.items.defer(taken, exc.delay, usage, stage, waiting)
         now = time.time()
         since = taken.waiting_since or now
         deadline = self.retry_deadline if taken.retry_deadline_s is None else taken.retry_deadline_s
         if now - since >= deadline:
             error = f"gave up after the run's retry deadline ({deadline:g} s) passed: {exc}"
-            return self._fail(taken, error, usage)
-        return self.items.defer(taken, exc.delay, usage, _datetime(since))
+            return self._fail(taken, error, usage, stage)
+        return self.items.defer(taken, exc.delay, usage, stage, _datetime(since))
 
-    def _fail(self, taken: Taken, error: str, usage: Usage) -> Ended | Skipped:
+    def _fail(self, taken: Taken, error: str, usage: Usage, stage: Stage) -> Ended | Skipped:
         log.info("item %s of run %s failed: %s", taken.item_id, taken.run_id, error)
-        return self.items.fail(taken, error, usage)
+        return self.items.fail(taken, error, usage, stage)
 
 
 def split_usage(usage: Usage, parts: int) -> list[Usage]:

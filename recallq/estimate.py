@@ -1,56 +1,45 @@
 """What a run would cost before it runs: items, judge calls, tokens and dollars.
 
-Pure but for one read of litellm's bundled price map (a JSON file, read without importing
-litellm, which costs seconds of CPU). Used by `POST /v1/runs?dry_run=true` and `recallq
-estimate FILE --model M`.
+Pure but for prices (recallq.prices, which reads litellm's price map as a file, without
+importing litellm). Used by `POST /v1/runs?dry_run=true` and `recallq estimate FILE --model M`.
 
 Per item, as the engine does it (judge protocol v1):
 - no ground truth: no call;
-- extraction: one call, unless the project's claim cache holds the claims (then none, and
-  the cached claims are what attribution is asked about);
+- extraction: none when the project's claim cache holds the claims (the cached claims are
+  what attribution is asked about); else online, one packed call per pack of ground truths
+  (up to the model's pack size and the pack token budget; a pack of one is a single-item
+  call), and in batch mode one request per item (the batch lane does not pack);
 - attribution: one call when the item has context passages, none otherwise.
+Online calls are priced at the model's price, batch requests at its batch price.
 
 Prompt tokens are the characters of the messages the protocol would send, divided by four
 (providers' tokenisers give about that for English; the answer is an estimate, not a bill).
 Claims not yet extracted are guessed with the offline judge's sentence splitter; answers are
 sized from them (the claims as JSON; a verdict with a one-sentence reason per claim).
-
-Kept open for more call shapes: packing several extractions into one call, or a batch
-discount, change `Estimator.add` and `Prices`, and nothing else.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import json
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from functools import cache
-from pathlib import Path
 from typing import Any
 
 from recallq.judge import protocol
 from recallq.judge.lexical import split_claims
-from recallq.model_registry import LEXICAL, ModelConfig
+from recallq.model_registry import LEXICAL, ModelConfig, pack_size
+from recallq.prices import Price, batch_price, online_price
 
 CHARS_PER_TOKEN = 4
 # a verdict's JSON is about this long: some 70 characters of keys and values, and a reason of
 # one short sentence
 VERDICT_CHARS = 120
-PRICE_MAP_FILE = "model_prices_and_context_window_backup.json"
-
-
-@dataclass(frozen=True)
-class Prices:
-    """USD per prompt token and per completion token."""
-
-    input_per_token: float
-    output_per_token: float
 
 
 @dataclass
 class Estimate:
     model: str
+    mode: str = "online"
     items: int = 0
     calls: int = 0
     extraction_calls: int = 0
@@ -77,13 +66,26 @@ def _message_chars(messages: list[dict[str, str]]) -> int:
 
 
 class Estimator:
-    """Adds up what a run's items would take, one item at a time (memory stays flat)."""
+    """Adds up what a run's items would take, one item at a time (memory stays flat but for
+    the ground truths of one pack)."""
 
-    def __init__(self, model: str, prices: Prices | None, calls_a_model: bool = True) -> None:
-        """`calls_a_model`: False for the offline judge, which makes no billed calls."""
-        self._estimate = Estimate(model, cost_usd=0.0 if prices or not calls_a_model else None)
-        self._prices = prices
+    def __init__(
+        self,
+        model: str,
+        price: Price | None,
+        calls_a_model: bool = True,
+        pack_size: int = 1,
+        pack_tokens: int = 0,
+        mode: str = "online",
+    ) -> None:
+        """`calls_a_model`: False for the offline judge, which makes no billed calls.
+        `pack_size` / `pack_tokens`: how extraction calls are packed (1: not at all)."""
+        self._estimate = Estimate(model, mode, cost_usd=0.0 if price or not calls_a_model else None)
+        self._price = price
         self._calls_a_model = calls_a_model
+        self._pack_size = pack_size
+        self._pack_tokens = pack_tokens
+        self._pack: list[str] = []
 
     def add(
         self, ground_truth: str | None, contexts: list[str], cached_claims: list[str] | None
@@ -96,15 +98,37 @@ class Estimator:
             return
         if cached_claims is None:
             claims = split_claims(ground_truth) or [ground_truth]
-            prompt = _message_chars(protocol.extraction_messages(ground_truth))
-            answer = len(json.dumps({"claims": claims}, ensure_ascii=False))
-            self._call("extraction", prompt, answer)
+            self._extract(ground_truth)
         else:
             estimate.cache_hits += 1
             claims = cached_claims
         if contexts and claims:
             prompt = _message_chars(protocol.attribution_messages(claims, contexts))
             self._call("attribution", prompt, len('{"verdicts": []}') + VERDICT_CHARS * len(claims))
+
+    def _extract(self, ground_truth: str) -> None:
+        """Into the current pack (the engine packs consecutive items the same way)."""
+        tokens = sum(len(text) for text in self._pack) // CHARS_PER_TOKEN
+        if self._pack and (
+            len(self._pack) >= self._pack_size
+            or tokens + len(ground_truth) // CHARS_PER_TOKEN > self._pack_tokens
+        ):
+            self._send_pack()
+        self._pack.append(ground_truth)
+
+    def _send_pack(self) -> None:
+        texts, self._pack = self._pack, []
+        if not texts:
+            return
+        claims = [split_claims(text) or [text] for text in texts]
+        answer: dict[str, Any]
+        if len(texts) == 1:
+            prompt = _message_chars(protocol.extraction_messages(texts[0]))
+            answer = {"claims": claims[0]}
+        else:
+            prompt = _message_chars(protocol.packed_extraction_messages(texts))
+            answer = {"items": [{"index": i, "claims": c} for i, c in enumerate(claims)]}
+        self._call("extraction", prompt, len(json.dumps(answer, ensure_ascii=False)))
 
     def _call(self, kind: str, prompt_chars: int, answer_chars: int) -> None:
         estimate = self._estimate
@@ -116,71 +140,35 @@ class Estimator:
         prompt, completion = tokens_of(prompt_chars), tokens_of(answer_chars)
         estimate.prompt_tokens += prompt
         estimate.completion_tokens += completion
-        if self._prices is not None and estimate.cost_usd is not None:
-            estimate.cost_usd += (
-                prompt * self._prices.input_per_token + completion * self._prices.output_per_token
-            )
+        if self._price is not None and estimate.cost_usd is not None:
+            estimate.cost_usd += self._price.cost(prompt, completion)
 
     def result(self) -> Estimate:
+        self._send_pack()
         estimate = Estimate(**asdict(self._estimate))
         if estimate.cost_usd is not None:
             estimate.cost_usd = round(estimate.cost_usd, 6)
         return estimate
 
 
-@cache
-def _price_map() -> Mapping[str, Any]:
-    """litellm's bundled price map, read as the file it is (litellm reads the same file when
-    LITELLM_LOCAL_MODEL_COST_MAP is set, as recallq sets it); {} when litellm is missing."""
-    spec = importlib.util.find_spec("litellm")
-    if spec is None or not spec.submodule_search_locations:
-        return {}
-    path = Path(next(iter(spec.submodule_search_locations))) / PRICE_MAP_FILE
-    try:
-        loaded = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return loaded if isinstance(loaded, dict) else {}
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float | str):
-        return None
-    try:
-        return float(value)
-    except ValueError:
-        return None
-
-
-def prices_of(config: ModelConfig) -> Prices | None:
-    """A model's prices: from its models-file entry (litellm_params.input_cost_per_token and
-    output_cost_per_token, which litellm also bills with), else from litellm's price map by
-    its litellm model name; None when neither knows it."""
-    params = config.litellm_params
-    given_in = _number(params.get("input_cost_per_token"))
-    given_out = _number(params.get("output_cost_per_token"))
-    if given_in is not None or given_out is not None:
-        return Prices(given_in or 0.0, given_out or 0.0)
-    model = params.get("model")
-    if not isinstance(model, str):
-        return None
-    price_map = _price_map()
-    entry = price_map.get(model) or price_map.get(model.split("/", 1)[-1])
-    if not isinstance(entry, dict):
-        return None
-    input_price = _number(entry.get("input_cost_per_token"))
-    output_price = _number(entry.get("output_cost_per_token"))
-    if input_price is None and output_price is None:
-        return None
-    return Prices(input_price or 0.0, output_price or 0.0)
-
-
-def estimator_for(model: str, models: Mapping[str, ModelConfig]) -> Estimator:
-    """An estimator for a model of the models file (or the offline judge)."""
+def estimator_for(
+    model: str,
+    models: Mapping[str, ModelConfig],
+    settings_pack: int = 1,
+    pack_tokens: int = 0,
+    mode: str = "online",
+) -> Estimator:
+    """An estimator for a model of the models file (or the offline judge), in `mode`; online
+    extraction packs as the engine does (`settings_pack`: RECALLQ_EXTRACTION_PACK)."""
     if model == LEXICAL:
-        return Estimator(model, None, calls_a_model=False)
+        return Estimator(model, None, calls_a_model=False, mode=mode)
     config = models.get(model)
-    return Estimator(model, prices_of(config) if config is not None else None)
+    if mode == "batch":
+        price = batch_price(config) if config is not None else None
+        return Estimator(model, price, mode=mode)
+    price = online_price(config) if config is not None else None
+    pack = pack_size(config, settings_pack)
+    return Estimator(model, price, pack_size=pack, pack_tokens=pack_tokens, mode=mode)
 
 
 def prompt_version(model: str) -> str:

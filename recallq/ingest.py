@@ -317,8 +317,11 @@ def estimate_run(
 ) -> estimate.Estimate:
     """What the run would cost (recallq.estimate), checking every item as a submission
     does (the same 4xx for the same problems); nothing is written. Claims the project's claim
-    cache holds count as hits: no extraction call."""
-    estimator = estimate.estimator_for(spec.model, models)
+    cache holds count as hits: no extraction call; online extractions are packed as the
+    engine packs them, batch requests priced at the batch price."""
+    estimator = estimate.estimator_for(
+        spec.model, models, settings.extraction_pack, settings.extraction_pack_tokens, spec.mode
+    )
     version = estimate.prompt_version(spec.model)
     rows = ItemRows(items, spec, settings.max_items_per_run)
     pending: list[dict[str, Any]] = []

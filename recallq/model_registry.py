@@ -116,3 +116,11 @@ def _batch_fields(entry: dict[str, Any]) -> dict[str, Any]:
 def batch_models(models: Mapping[str, ModelConfig]) -> list[str]:
     """The names of the models whose provider Batch API may be used."""
     return sorted(name for name, model in models.items() if model.batch)
+
+
+def pack_size(config: ModelConfig | None, setting: int) -> int:
+    """Ground truths one extraction call of a model may carry: the setting
+    (RECALLQ_EXTRACTION_PACK; items travel in groups that large), or fewer when the models
+    file says so for the model."""
+    wanted = config.extraction_pack if config and config.extraction_pack else setting
+    return max(1, min(wanted, setting))

@@ -119,6 +119,11 @@ class Item(Base):
     call_attempts: Mapped[int] = mapped_column(Integer, default=0)  # requests sent
     failed_calls: Mapped[int] = mapped_column(Integer, default=0)  # sent, answered with an error
     deferrals: Mapped[int] = mapped_column(Integer, default=0)  # put back to wait for capacity
+    # of the usage above, what claim extraction used (attribution used the rest)
+    extraction_calls: Mapped[int] = mapped_column(Integer, default=0)
+    extraction_prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    extraction_completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    extraction_cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
     # since when it waits out a provider incident (reset when it makes progress)
     waiting_since: Mapped[datetime | None]
     lease_until: Mapped[datetime | None]

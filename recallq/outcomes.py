@@ -37,6 +37,13 @@ class Taken:
         return cls(**{**message, "claims": None if claims is None else tuple(claims)})
 
 
+class Stage(StrEnum):
+    """Which judge call usage belongs to (runs show their usage split by stage)."""
+
+    EXTRACTION = "extraction"
+    ATTRIBUTION = "attribution"
+
+
 class SkipReason(StrEnum):
     ENDED = "the item had already ended"
     RUN_CANCELLED = "its run was cancelled"

@@ -8,6 +8,7 @@ import binascii
 import json
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
@@ -53,6 +54,10 @@ def _aggregate_columns(scale: Any, details: bool) -> list[ColumnElement[Any]]:
         func.coalesce(func.sum(Item.call_attempts), 0),
         func.coalesce(func.sum(Item.failed_calls), 0),
         func.coalesce(func.sum(Item.deferrals), 0),
+        func.coalesce(func.sum(Item.extraction_calls), 0),
+        func.coalesce(func.sum(Item.extraction_prompt_tokens), 0),
+        func.coalesce(func.sum(Item.extraction_completion_tokens), 0),
+        func.coalesce(func.sum(Item.extraction_cost_usd), 0.0),
     ]
     if details:
         for i in range(HISTOGRAM_BUCKETS):
@@ -75,14 +80,44 @@ def _failures(session: Session, run_id: str) -> list[dict[str, Any]]:
     return [{"error": error or "", "count": n, "example_id": key} for error, n, key in rows]
 
 
+@dataclass(frozen=True)
+class _StageUsage:
+    calls: int
+    prompt: int
+    completion: int
+    cost: float
+
+    def __sub__(self, other: _StageUsage) -> _StageUsage:
+        return _StageUsage(
+            self.calls - other.calls,
+            self.prompt - other.prompt,
+            self.completion - other.completion,
+            max(0.0, self.cost - other.cost),
+        )
+
+    def view(self) -> dict[str, Any]:
+        return {
+            "llm_calls": self.calls,
+            "prompt_tokens": self.prompt,
+            "completion_tokens": self.completion,
+            "cost_usd": round(self.cost, 6),
+        }
+
+
+def _usage(calls: Any, prompt: Any, completion: Any, cost: Any) -> _StageUsage:
+    return _StageUsage(int(calls), int(prompt), int(completion), float(cost))
+
+
 def _view(session: Session, run: Run, row: Sequence[Any] | None, details: bool) -> dict[str, Any]:
     if row is None:  # a run without items (none is stored, but a view must not fail)
         empty: tuple[Any, ...] = (0,) * len(_STATUSES) + (None,)
-        row = empty + (0,) * (12 + HISTOGRAM_BUCKETS * details)
+        row = empty + (0,) * (16 + HISTOGRAM_BUCKETS * details)
     counts = dict(zip(_STATUSES, row[: len(_STATUSES)], strict=True))
     totals = row[len(_STATUSES) :]
     mean, scored, no_truth, claims_total, claims_attributed = totals[:5]
     calls, prompt, completion, cost, hits, attempts, failed_calls, deferrals = totals[5:13]
+    extraction = _usage(*totals[13:17])
+    attribution = _usage(calls, prompt, completion, cost) - extraction
     failed = counts[ItemStatus.FAILED]
     summary: dict[str, Any] = {
         "mean_score": round(float(mean), 4) if mean is not None else None,
@@ -94,7 +129,7 @@ def _view(session: Session, run: Run, row: Sequence[Any] | None, details: bool) 
     }
     if details:
         edges = [round(run.scale * i / HISTOGRAM_BUCKETS, 6) for i in range(HISTOGRAM_BUCKETS + 1)]
-        summary["histogram"] = {"edges": edges, "counts": [int(n) for n in totals[13:]]}
+        summary["histogram"] = {"edges": edges, "counts": [int(n) for n in totals[17:]]}
     view: dict[str, Any] = {
         "id": run.id,
         "name": run.name,
@@ -127,6 +162,7 @@ def _view(session: Session, run: Run, row: Sequence[Any] | None, details: bool) 
             "call_attempts": int(attempts),
             "failed_calls": int(failed_calls),
             "deferrals": int(deferrals),
+            "by_stage": {"extraction": extraction.view(), "attribution": attribution.view()},
         },
     }
     # the provider batch lane: usage by lane and stage (additive), and a batch run's progress

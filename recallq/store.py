@@ -73,7 +73,7 @@ from sqlalchemy.orm import Session
 from recallq.db import Database
 from recallq.judge.base import Usage
 from recallq.models import Claim, ClaimCache, Item, Run, RunMode, as_utc, utcnow
-from recallq.outcomes import Deferred, Ended, Skipped, SkipReason, Taken
+from recallq.outcomes import Deferred, Ended, Skipped, SkipReason, Stage, Taken
 from recallq.scoring import Outcome, Verdict
 from recallq.settings import Settings
 from recallq.status import ITEM_ENDED, ITEM_IN_FLIGHT, RUN_ENDED, ItemStatus, RunStatus
@@ -167,6 +167,10 @@ COUNTERS = (
     "call_attempts",
     "failed_calls",
     "deferrals",
+    "extraction_calls",
+    "extraction_prompt_tokens",
+    "extraction_completion_tokens",
+    "extraction_cost_usd",
 )
 
 
@@ -265,9 +269,10 @@ def _verdicts_upsert(dialect: str) -> Insert:
     )
 
 
-def _spent(usage: Usage, cache_hits: int = 0) -> dict[str, Any]:
-    """Increments of an item's usage counters (see COUNTERS)."""
-    return {
+def _spent(usage: Usage, stage: Stage, cache_hits: int = 0) -> dict[str, Any]:
+    """Increments of an item's usage counters (see COUNTERS). Extraction's usage is also
+    counted apart, so a run's usage can be split by stage (attribution's is the rest)."""
+    spent = {
         "llm_calls": usage.llm_calls,
         "prompt_tokens": usage.prompt_tokens,
         "completion_tokens": usage.completion_tokens,
@@ -276,11 +281,19 @@ def _spent(usage: Usage, cache_hits: int = 0) -> dict[str, Any]:
         "call_attempts": usage.call_attempts,
         "failed_calls": usage.failed_calls,
     }
+    if stage == Stage.EXTRACTION and usage.llm_calls:
+        spent |= {
+            "extraction_calls": usage.llm_calls,
+            "extraction_prompt_tokens": usage.prompt_tokens,
+            "extraction_completion_tokens": usage.completion_tokens,
+            "extraction_cost_usd": usage.cost_usd,
+        }
+    return spent
 
 
-def _succeeded(outcome: Outcome, usage: Usage, cache_hits: int) -> dict[str, Any]:
+def _succeeded(outcome: Outcome, usage: Usage, stage: Stage, cache_hits: int) -> dict[str, Any]:
     """The values of an item that ends with a score."""
-    return _spent(usage, cache_hits) | {
+    return _spent(usage, stage, cache_hits) | {
         "status": ItemStatus.SUCCEEDED,
         "finished_at": utcnow(),
         "lease_until": None,
@@ -293,9 +306,9 @@ def _succeeded(outcome: Outcome, usage: Usage, cache_hits: int) -> dict[str, Any
     }
 
 
-def _failed(error: str, usage: Usage) -> dict[str, Any]:
+def _failed(error: str, usage: Usage, stage: Stage) -> dict[str, Any]:
     """The values of an item that ends without a score."""
-    return _spent(usage) | {
+    return _spent(usage, stage) | {
         "status": ItemStatus.FAILED,
         "finished_at": utcnow(),
         "lease_until": None,
@@ -437,7 +450,7 @@ class ItemStore:
         pass's when that one stored its claims first. The item made progress: whatever it
         waited out is over."""
         with self._db.transaction() as conn:
-            values = _spent(usage, int(cache_hit)) | {
+            values = _spent(usage, Stage.EXTRACTION, int(cache_hit)) | {
                 "lease_until": self.queue_lease(),
                 "waiting_since": None,
             }
@@ -496,12 +509,13 @@ class ItemStore:
         taken: Taken,
         outcome: Outcome,
         usage: Usage,
+        stage: Stage,
         verdicts: dict[int, Verdict] | None = None,
         cache_hits: int = 0,
     ) -> Ended | Skipped:
         """running → succeeded with its score, reason and the verdict of every claim; the next
-        pending item of the run is queued in its place."""
-        values = _succeeded(outcome, usage, cache_hits)
+        pending item of the run is queued in its place. `usage` is what `stage` spent last."""
+        values = _succeeded(outcome, usage, stage, cache_hits)
         with self._db.transaction() as conn:
             if not self._write_owned(conn, taken, values):
                 return Skipped(SkipReason.NOT_OWNED)
@@ -510,23 +524,28 @@ class ItemStore:
                 conn.execute(_verdicts_upsert(conn.dialect.name), rows)
             return Ended(taken.run_id, self._release_next(conn, taken.run_id))
 
-    def fail(self, taken: Taken, error: str, usage: Usage) -> Ended | Skipped:
+    def fail(self, taken: Taken, error: str, usage: Usage, stage: Stage) -> Ended | Skipped:
         """running → failed with its error; the next pending item is queued in its place."""
-        values = _failed(error, usage)
+        values = _failed(error, usage, stage)
         with self._db.transaction() as conn:
             if not self._write_owned(conn, taken, values):
                 return Skipped(SkipReason.NOT_OWNED)
             return Ended(taken.run_id, self._release_next(conn, taken.run_id))
 
     def defer(
-        self, taken: Taken, delay: float, usage: Usage, waiting_since: datetime | None
+        self,
+        taken: Taken,
+        delay: float,
+        usage: Usage,
+        stage: Stage,
+        waiting_since: datetime | None,
     ) -> Deferred | Skipped:
         """running → queued, due in `delay` seconds, keeping its claims and usage: its worker
         slot is given back, and the reaper sends the item again when its lease runs out.
         `waiting_since` is when it started to wait out a provider incident (None: it waits
         for something sure to come, as rate-limit capacity)."""
         until = self._lease(delay)
-        values = _spent(usage) | {
+        values = _spent(usage, stage) | {
             "status": ItemStatus.QUEUED,
             "owner": None,
             "lease_until": until,
@@ -636,7 +655,7 @@ class BatchedItemStore:
     ) -> bool:
         """batched → batched: its claims (and the claim cache, when freshly extracted) with what
         their extraction used. The item made progress: whatever it waited out is over."""
-        values = _spent(usage, int(cache_hit)) | {"waiting_since": None}
+        values = _spent(usage, Stage.EXTRACTION, int(cache_hit)) | {"waiting_since": None}
         if not self._write(conn, item_id, values):
             return False
         if not cache_hit:
@@ -646,16 +665,18 @@ class BatchedItemStore:
             conn.execute(_claims_insert(conn.dialect.name), rows)
         return True
 
-    def charge(self, conn: Connection, item_id: int, usage: Usage) -> bool:
+    def charge(self, conn: Connection, item_id: int, usage: Usage, stage: Stage) -> bool:
         """batched → batched: what an answered request used, when the item needs another
         request before it ends (a re-ask, a repair). It made progress: no more waiting."""
-        return self._write(conn, item_id, _spent(usage) | {"waiting_since": None})
+        return self._write(conn, item_id, _spent(usage, stage) | {"waiting_since": None})
 
-    def wait(self, conn: Connection, item_id: int, usage: Usage, since: datetime) -> bool:
+    def wait(
+        self, conn: Connection, item_id: int, usage: Usage, stage: Stage, since: datetime
+    ) -> bool:
         """batched → batched: a request failed for a transient reason and goes again in a
         later batch. `since` is when the item started to wait (its run's retry deadline
         counts from then)."""
-        return self._write(conn, item_id, _spent(usage) | {"waiting_since": since})
+        return self._write(conn, item_id, _spent(usage, stage) | {"waiting_since": since})
 
     def succeed(
         self,
@@ -663,21 +684,22 @@ class BatchedItemStore:
         item_id: int,
         outcome: Outcome,
         usage: Usage,
+        stage: Stage,
         claims: Sequence[str] = (),
         verdicts: dict[int, Verdict] | None = None,
         cache_hits: int = 0,
     ) -> bool:
         """batched → succeeded with its score, reason and the verdict of every claim."""
-        if not self._write(conn, item_id, _succeeded(outcome, usage, cache_hits)):
+        if not self._write(conn, item_id, _succeeded(outcome, usage, stage, cache_hits)):
             return False
         if verdicts:
             rows = _verdict_rows(item_id, claims, verdicts)
             conn.execute(_verdicts_upsert(conn.dialect.name), rows)
         return True
 
-    def fail(self, conn: Connection, item_id: int, error: str, usage: Usage) -> bool:
+    def fail(self, conn: Connection, item_id: int, error: str, usage: Usage, stage: Stage) -> bool:
         """batched → failed with its error."""
-        return self._write(conn, item_id, _failed(error, usage))
+        return self._write(conn, item_id, _failed(error, usage, stage))
 
     @staticmethod
     def _write(conn: Connection, item_id: int, values: dict[str, Any]) -> bool:

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from recallq import patches
-from recallq.batch_requests import ENDPOINT, BatchInfo, Price, batch_price, is_transient
+from recallq.batch_requests import ENDPOINT, BatchInfo, is_transient
 from recallq.judge.base import PermanentJudgeError, TransientJudgeError
 from recallq.model_registry import ModelConfig
 from recallq.redact import Redactor
@@ -137,30 +137,3 @@ def _info(batch: Any) -> BatchInfo:
         metadata=dict(metadata) if isinstance(metadata, dict) else {},
         errors="; ".join(str(e) for e in errors if e)[:500] or None,
     )
-
-
-def price_of(config: ModelConfig) -> Price:
-    """The price of one of the model's batch requests (recallq.batch_requests.batch_price):
-    litellm's batch price (`*_cost_per_token_batches`) when its price map has one and the
-    models file sets neither a price nor `batch_discount`, else the online price (the models
-    file's `input_cost_per_token` / `output_cost_per_token`, else litellm's) less the
-    discount (`batch_discount`, default 50%)."""
-    params = config.litellm_params
-    name = str(params.get("model", ""))
-    entry = litellm.model_cost.get(name) or litellm.model_cost.get(name.split("/", 1)[-1]) or {}
-    online = _price(
-        params.get("input_cost_per_token", entry.get("input_cost_per_token")),
-        params.get("output_cost_per_token", entry.get("output_cost_per_token")),
-    )
-    listed = _price(
-        entry.get("input_cost_per_token_batches"), entry.get("output_cost_per_token_batches")
-    )
-    if "input_cost_per_token" in params or "output_cost_per_token" in params:
-        listed = None  # the models file's own price wins over the price map's
-    return batch_price(online, listed, config.batch_discount)
-
-
-def _price(input_per_token: Any, output_per_token: Any) -> Price | None:
-    if input_per_token is None and output_per_token is None:
-        return None
-    return Price(float(input_per_token or 0.0), float(output_per_token or 0.0))

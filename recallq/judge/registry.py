@@ -11,7 +11,7 @@ from recallq.coordination.gate import CallGate
 from recallq.coordination.ratelimit import RateLimiter
 from recallq.judge.base import Judge, PermanentJudgeError
 from recallq.judge.lexical import LexicalJudge
-from recallq.model_registry import LEXICAL, ModelConfig, ModelRegistryError
+from recallq.model_registry import LEXICAL, ModelConfig, ModelRegistryError, pack_size
 from recallq.redact import Redactor
 from recallq.retry import RetryPolicy
 
@@ -50,11 +50,8 @@ class JudgeRegistry:
             return self._judges[name]
 
     def pack_size(self, name: str) -> int:
-        """Ground truths one extraction call of this model may carry: the setting (items
-        travel in groups that large), or fewer when the models file says so for the model."""
-        config = self.models.get(name)
-        wanted = config.extraction_pack if config and config.extraction_pack else self._pack
-        return max(1, min(wanted, self._pack))
+        """Ground truths one extraction call of this model may carry (model_registry)."""
+        return pack_size(self.models.get(name), self._pack)
 
     def _build(self, name: str) -> Judge:
         config = self.models.get(name)

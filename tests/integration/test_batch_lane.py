@@ -19,13 +19,13 @@ from sqlalchemy import select, text
 
 from recallq import ingest, queries
 from recallq.batch_lane import METADATA_KEY, BatchLane
-from recallq.batch_requests import InputFile, Stage, request_line
+from recallq.batch_requests import InputFile, request_line
 from recallq.batch_store import LaneRun, LaneStore
 from recallq.db import Database
 from recallq.engine import Engine
 from recallq.model_registry import batch_models, load_models
 from recallq.models import Item, Run
-from recallq.outcomes import Continue, Taken
+from recallq.outcomes import Continue, Stage, Taken
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.store import BatchedItemStore, stores_for
@@ -255,7 +255,10 @@ def test_a_batch_run_scores_as_the_online_engine_does(lane: Lane, provider: Stub
         == (view["usage"]["llm_calls"])
     )
     assert online_view["usage"]["by_lane"]["batch"]["llm_calls"] == 0
-    assert online_view["usage"]["by_stage"] is None and online_view["batch"] is None
+    for stage, used in online_view["usage"]["by_stage"].items():  # the same calls, online
+        assert used["llm_calls"] == stages[stage]["llm_calls"], stage
+        assert used["prompt_tokens"] == stages[stage]["prompt_tokens"], stage
+    assert online_view["batch"] is None
 
 
 def test_claims_in_the_claim_cache_are_not_extracted_again(

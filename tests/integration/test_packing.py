@@ -69,6 +69,14 @@ def test_a_first_run_makes_at_most_1_15_calls_per_item_and_a_rerun_1(api, clean_
     assert first["counts"]["succeeded"] == 200
     assert len(answered) / 200 <= 1.15, Counter(c["schema"] for c in answered)
     assert first["usage"]["llm_calls"] == len(answered)
+    stages = first["usage"]["by_stage"]  # what each stage used, as the provider answered it
+    extractions = [c for c in answered if c["schema"] != "claim_attribution"]
+    assert stages["extraction"]["llm_calls"] == len(extractions)
+    assert stages["attribution"]["llm_calls"] == 200
+    assert (
+        stages["extraction"]["prompt_tokens"] + stages["attribution"]["prompt_tokens"]
+        == (first["usage"]["prompt_tokens"])
+    )
 
     clean_stub.reset()
     again = wait_for_run(api, submit(api, items))  # the same ground truths: the claim cache
@@ -76,6 +84,7 @@ def test_a_first_run_makes_at_most_1_15_calls_per_item_and_a_rerun_1(api, clean_
     assert len(answered) == 200 and again["usage"]["llm_calls"] == 200
     assert {c["schema"] for c in answered} == {"claim_attribution"}
     assert again["usage"]["claim_cache_hits"] == 200
+    assert again["usage"]["by_stage"]["extraction"]["llm_calls"] == 0
 
 
 @pytest.mark.parametrize(

@@ -21,7 +21,7 @@ from recallq import ingest, scoring
 from recallq.judge.base import JudgeReply, PermanentJudgeError, RateLimited, Usage
 from recallq.migrate import upgrade
 from recallq.models import Item
-from recallq.outcomes import Continue, Deferred, Ended, Skipped, SkipReason
+from recallq.outcomes import Continue, Deferred, Ended, Skipped, SkipReason, Stage
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.status import ITEM_TRANSITIONS, RUN_TRANSITIONS, ItemStatus, RunStatus
@@ -153,7 +153,7 @@ def test_every_move_is_in_the_table_and_every_move_in_the_table_is_made(
     assert isinstance(_score(runtime, bad), Ended)
     taken_busy = engine.take(busy)
     assert isinstance(taken_busy, Continue)
-    assert isinstance(items.fail(taken_busy.taken, "given up", Usage()), Ended)
+    assert isinstance(items.fail(taken_busy.taken, "given up", Usage(), Stage.EXTRACTION), Ended)
     engine.settle(Ended(run_id))  # running → completed
     assert runs.retry_failed(run_id, "default") == 1  # completed → running
 
@@ -188,8 +188,10 @@ def test_every_move_is_in_the_table_and_every_move_in_the_table_is_made(
     with runtime.database.transaction() as conn:
         assert lane.adopt(conn, batched_run, 10) == [scored, failing, unended]  # → batched
         outcome = scoring.score_claims(["b1"], {0: scoring.Verdict(0, "yes", [0])}, 1.0)
-        assert lane.succeed(conn, scored, outcome, Usage(llm_calls=2), ["b1"])  # → succeeded
-        assert lane.fail(conn, failing, "provider answered 400: bad", Usage())  # → failed
+        used = Usage(llm_calls=2)
+        assert lane.succeed(conn, scored, outcome, used, Stage.ATTRIBUTION, ["b1"])  # succeeded
+        bad = "provider answered 400: bad"
+        assert lane.fail(conn, failing, bad, Usage(), Stage.EXTRACTION)  # → failed
     assert engine.take(unended) == Skipped(SkipReason.IN_BATCH)  # no online call for it
     assert runs.cancel(batched_run, "default")  # batched → cancelled
     assert _status(runtime, unended) == ItemStatus.CANCELLED

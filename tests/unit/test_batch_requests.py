@@ -24,7 +24,6 @@ from recallq.batch_requests import (
     Stage,
     Verdicts,
     answer_usage,
-    batch_price,
     carry_verdicts,
     custom_id,
     decide,
@@ -256,13 +255,3 @@ def test_an_answer_costs_its_tokens_at_the_batch_price() -> None:
     usage = answer_usage(answered("{}"), Price(1e-6, 4e-6))
     assert (usage.llm_calls, usage.call_attempts, usage.failed_calls) == (1, 1, 0)
     assert usage.cost_usd == pytest.approx(100 * 1e-6 + 20 * 4e-6)
-
-
-def test_the_batch_price_is_the_listed_one_else_half_the_online_one() -> None:
-    online, listed = Price(2e-6, 8e-6), Price(1.5e-6, 3e-6)
-    assert batch_price(online, listed, None) == listed
-    assert batch_price(online, None, None) == Price(1e-6, 4e-6)
-    discounted = batch_price(online, listed, 0.25)  # an explicit discount wins
-    assert discounted.input_per_token == pytest.approx(1.5e-6)
-    assert discounted.output_per_token == pytest.approx(6e-6)
-    assert batch_price(None, None, None) == Price()  # unpriced: costs 0

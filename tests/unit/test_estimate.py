@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from recallq import estimate
+from recallq import estimate, prices
 from recallq.judge import protocol
 from recallq.model_registry import LEXICAL, ModelConfig
 
-PRICES = estimate.Prices(input_per_token=0.000001, output_per_token=0.000002)
+PRICES = prices.Price(input_per_token=0.000001, output_per_token=0.000002)
 TRUTH = "Ada Lovelace was born in 1815. She wrote the first program."
 
 
@@ -56,12 +56,61 @@ def test_prices_come_from_the_models_file_or_litellms_map() -> None:
         "x",
         {"model": "openai/mine", "input_cost_per_token": 0.5, "output_cost_per_token": "0.25"},
     )
-    assert estimate.prices_of(given) == estimate.Prices(0.5, 0.25)
-    known = estimate.prices_of(ModelConfig("y", {"model": "openai/gpt-4o-mini"}))
+    assert prices.online_price(given) == prices.Price(0.5, 0.25)
+    known = prices.online_price(ModelConfig("y", {"model": "openai/gpt-4o-mini"}))
     assert known is not None and known.input_per_token > 0 and known.output_per_token > 0
-    assert estimate.prices_of(ModelConfig("z", {"model": "hosted_vllm/qwen-local"})) is None
+    assert prices.online_price(ModelConfig("z", {"model": "hosted_vllm/qwen-local"})) is None
+
+
+def test_the_batch_price_is_the_listed_one_else_less_the_discount() -> None:
+    own = {"model": "openai/mine", "input_cost_per_token": 2e-6, "output_cost_per_token": 8e-6}
+    assert prices.batch_price(ModelConfig("a", own)) == prices.Price(1e-6, 4e-6)  # half
+    quarter_off = prices.batch_price(ModelConfig("b", own, batch_discount=0.25))
+    assert quarter_off.input_per_token == pytest.approx(1.5e-6)
+    assert quarter_off.output_per_token == pytest.approx(6e-6)
+    mapped = ModelConfig("c", {"model": "openai/gpt-4o-mini"})
+    online, batch = prices.online_price(mapped), prices.batch_price(mapped)
+    assert online is not None and 0 < batch.input_per_token < online.input_per_token
+    unpriced = ModelConfig("d", {"model": "hosted_vllm/qwen-local"})
+    assert prices.batch_price(unpriced) == prices.Price()  # unpriced: costs 0
 
 
 def test_the_claim_cache_key_version_per_model() -> None:
     assert estimate.prompt_version(LEXICAL) == "lexical-1"
     assert estimate.prompt_version("gpt-4o-mini") == protocol.PROMPT_VERSION
+
+
+def _truths(n: int) -> list[str]:
+    return [f"Item {i} was made in {1900 + i}. Item {i} weighs {i} grams." for i in range(n)]
+
+
+def test_online_extraction_is_packed_as_the_engine_packs_it() -> None:
+    own = {"model": "openai/mine", "input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6}
+    models = {"m": ModelConfig("m", own)}
+    packed = estimate.estimator_for("m", models, settings_pack=8, pack_tokens=4000)
+    single = estimate.estimator_for("m", models, settings_pack=1, pack_tokens=4000)
+    for truth in _truths(20):
+        packed.add(truth, ["c"], None)
+        single.add(truth, ["c"], None)
+    p, s = packed.result(), single.result()
+    assert (p.extraction_calls, p.attribution_calls) == (3, 20)  # 8 + 8 + 4
+    assert (s.extraction_calls, s.attribution_calls) == (20, 20)
+    # one system prompt per pack instead of one per item: fewer prompt tokens, lower cost
+    assert p.prompt_tokens < s.prompt_tokens and p.cost_usd < s.cost_usd  # type: ignore[operator]
+    smaller = estimate.estimator_for("m", {"m": ModelConfig("m", own, extraction_pack=4)}, 8, 4000)
+    for truth in _truths(20):
+        smaller.add(truth, ["c"], None)
+    assert smaller.result().extraction_calls == 5  # the model's own pack size, at most
+
+
+def test_a_batch_run_is_priced_at_the_batch_price_and_not_packed() -> None:
+    own = {"model": "openai/mine", "input_cost_per_token": 1e-6, "output_cost_per_token": 2e-6}
+    models = {"m": ModelConfig("m", own, batch=True)}
+    batch = estimate.estimator_for("m", models, settings_pack=8, pack_tokens=4000, mode="batch")
+    online = estimate.estimator_for("m", models, settings_pack=1, pack_tokens=4000)
+    for truth in _truths(10):
+        batch.add(truth, ["c"], None)
+        online.add(truth, ["c"], None)
+    b, o = batch.result(), online.result()
+    assert (b.mode, b.extraction_calls, b.prompt_tokens) == ("batch", 10, o.prompt_tokens)
+    assert b.cost_usd == pytest.approx(o.cost_usd / 2)  # type: ignore[operator]

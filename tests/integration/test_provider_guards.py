@@ -111,7 +111,9 @@ def test_the_estimate_matches_the_actual_cost_within_ten_percent(served) -> None
     estimate = submit(url, key, body, params={"dry_run": "true"})
     assert estimate.status_code == 200, estimate.text
     guess = estimate.json()
-    assert guess["dry_run"] is True and guess["items"] == 20 and guess["calls"] == 40
+    assert guess["dry_run"] is True and guess["items"] == 20
+    # extraction packed 8 to a call as the workers pack it (8 + 8 + 4), one attribution each
+    assert (guess["extraction_calls"], guess["attribution_calls"], guess["calls"]) == (3, 20, 23)
     assert guess["cache_hits"] == 0 and guess["priced"] is True
     run = submit(url, key, body)
     assert run.status_code == 202
@@ -235,6 +237,6 @@ def test_the_cli_estimate_is_the_dry_run_estimate(
     for field in ("items", "calls", "prompt_tokens", "completion_tokens", "cost_usd"):
         assert local[field] == served_estimate[field], field
     table = recallq(env, "estimate", str(data), "--model", "stub-priced")
-    assert "judge calls        14 (0 claim-cache hits)" in table.stdout
+    assert "judge calls        8 (0 claim-cache hits)" in table.stdout  # 1 packed + 7
     unknown = recallq(env, "estimate", str(data), "--model", "nope")
     assert unknown.returncode == 2 and "unknown model" in unknown.stderr

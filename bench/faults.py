@@ -8,7 +8,8 @@ outage: the stub answers 10% of calls with 429 throughout; at a quarter of the r
     gets 503 for two minutes, and at 60% every call gets 429 (Retry-After 10) for 30 s.
 
 Failed, lost (items that never ended) and duplicated (items with a second set of claims, or
-usage counted twice) must all be 0.
+usage counted twice: an item counts its attribution call and at most one packed extraction
+call, which is counted on one item of its pack) must all be 0.
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ def crashes(args: argparse.Namespace) -> None:
     )
     print(
         f"  stub answers by status: {stats['by_status']}; most takes of one item: "
-        f"{result['max_takes']}"
+        f"{result['max_takes']}; calls counted in the run's usage: {run['usage']['llm_calls']} "
+        "(answers a killed worker never read are not counted)"
     )
 
 

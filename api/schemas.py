@@ -38,6 +38,9 @@ class Counts(_Open):
 
 class Summary(_Open):
     mean_score: float | None
+    mean_ci95: list[float] | None = Field(
+        None, description="95% interval [low, high] of mean_score (normal approximation)"
+    )
     scored_items: int
     claims_total: int
     claims_attributed: int

@@ -36,6 +36,7 @@ __all__ = [
     "ItemScores",
     "bootstrap_interval",
     "compare",
+    "mean_interval",
     "normal_interval",
 ]
 _Z95 = 1.959963984540054
@@ -129,8 +130,26 @@ def normal_interval(differences: Sequence[float]) -> tuple[float, float]:
     if not differences:
         raise ValueError("no differences")
     mean = math.fsum(differences) / len(differences)
-    half = _Z95 * statistics.pstdev(differences, mu=mean) / math.sqrt(len(differences))
+    half = _half_width(statistics.pstdev(differences, mu=mean), len(differences))
     return mean - half, mean + half
+
+
+def mean_interval(
+    count: int, mean: float | None, mean_square: float | None, scale: float
+) -> list[float] | None:
+    """Normal 95% interval of a run's mean score from its moments (what one aggregate query
+    reads: the count, the mean and the mean of the squared scores), within [0, scale] and
+    rounded to 4 decimals; None when nothing was scored. Same spread convention as
+    normal_interval."""
+    if count <= 0 or mean is None or mean_square is None:
+        return None
+    spread = math.sqrt(max(0.0, mean_square - mean * mean))  # rounding can dip below zero
+    half = _half_width(spread, count)
+    return [_round(max(0.0, mean - half)), _round(min(scale, mean + half))]
+
+
+def _half_width(spread: float, n: int) -> float:
+    return _Z95 * spread / math.sqrt(n)
 
 
 # --- parts -----------------------------------------------------------------------------------

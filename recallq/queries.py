@@ -43,6 +43,7 @@ def _aggregate_columns(scale: Any, details: bool) -> list[ColumnElement[Any]]:
         *(func.count().filter(Item.status == status) for status in _STATUSES),
         func.avg(Item.score).filter(ok),
         func.count(Item.score).filter(ok),
+        func.avg(Item.score * Item.score).filter(ok),
         func.count().filter(ok, Item.ground_truth.is_(None)),
         func.coalesce(func.sum(Item.claims_total), 0),
         func.coalesce(func.sum(Item.claims_attributed), 0),
@@ -111,16 +112,22 @@ def _usage(calls: Any, prompt: Any, completion: Any, cost: Any) -> _StageUsage:
 def _view(session: Session, run: Run, row: Sequence[Any] | None, details: bool) -> dict[str, Any]:
     if row is None:  # a run without items (none is stored, but a view must not fail)
         empty: tuple[Any, ...] = (0,) * len(_STATUSES) + (None,)
-        row = empty + (0,) * (16 + HISTOGRAM_BUCKETS * details)
+        row = empty + (0, None) + (0,) * (15 + HISTOGRAM_BUCKETS * details)
     counts = dict(zip(_STATUSES, row[: len(_STATUSES)], strict=True))
     totals = row[len(_STATUSES) :]
-    mean, scored, no_truth, claims_total, claims_attributed = totals[:5]
-    calls, prompt, completion, cost, hits, attempts, failed_calls, deferrals = totals[5:13]
-    extraction = _usage(*totals[13:17])
+    mean, scored, mean_square, no_truth, claims_total, claims_attributed = totals[:6]
+    calls, prompt, completion, cost, hits, attempts, failed_calls, deferrals = totals[6:14]
+    extraction = _usage(*totals[14:18])
     attribution = _usage(calls, prompt, completion, cost) - extraction
     failed = counts[ItemStatus.FAILED]
     summary: dict[str, Any] = {
         "mean_score": round(float(mean), 4) if mean is not None else None,
+        "mean_ci95": ab.mean_interval(
+            int(scored),
+            None if mean is None else float(mean),
+            None if mean_square is None else float(mean_square),
+            run.scale,
+        ),
         "scored_items": int(scored),
         "claims_total": int(claims_total),
         "claims_attributed": int(claims_attributed),
@@ -129,7 +136,7 @@ def _view(session: Session, run: Run, row: Sequence[Any] | None, details: bool) 
     }
     if details:
         edges = [round(run.scale * i / HISTOGRAM_BUCKETS, 6) for i in range(HISTOGRAM_BUCKETS + 1)]
-        summary["histogram"] = {"edges": edges, "counts": [int(n) for n in totals[17:]]}
+        summary["histogram"] = {"edges": edges, "counts": [int(n) for n in totals[18:]]}
     view: dict[str, Any] = {
         "id": run.id,
         "name": run.name,

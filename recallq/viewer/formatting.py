@@ -1,0 +1,69 @@
+"""How the pages write numbers and times (Jinja2 filters). The raw value always goes in a
+data attribute as well; these are only for reading."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any
+
+from recallq.scoring import format_score
+
+
+def score(value: float | None) -> str:
+    return "–" if value is None else format_score(value)
+
+
+def mean(value: float | None) -> str:
+    """A mean or a difference: up to 4 decimals, as the API rounds them."""
+    if value is None:
+        return "–"
+    return f"{value:.4f}".rstrip("0").rstrip(".") or "0"
+
+
+def signed(value: float | None) -> str:
+    text = mean(value)
+    return text if value is None or value < 0 or text.startswith("-") else f"+{text}"
+
+
+def cost(value: float | None) -> str:
+    if value is None:
+        return "–"
+    return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
+
+
+def count(value: int | None) -> str:
+    return "–" if value is None else f"{value:,}"
+
+
+def when(value: str | None) -> str:
+    """An ISO timestamp as `2026-11-30 19:23:05 UTC` (JS shows it in local time)."""
+    if not value:
+        return "–"
+    try:
+        moment = datetime.fromisoformat(value)
+    except ValueError:
+        return value
+    zone = " UTC" if moment.utcoffset() is not None and not moment.utcoffset() else ""
+    return moment.strftime("%Y-%m-%d %H:%M:%S") + zone
+
+
+def percent(part: int, whole: int) -> str:
+    return "–" if not whole else f"{100 * part / whole:.0f}%"
+
+
+def raw(value: Any) -> str:
+    """A value for a data attribute: numbers as Python writes them, None as ''."""
+    return "" if value is None else str(value)
+
+
+FILTERS: dict[str, Callable[..., str]] = {
+    "score": score,
+    "mean": mean,
+    "signed": signed,
+    "cost": cost,
+    "count": count,
+    "when": when,
+    "percent": percent,
+    "raw": raw,
+}

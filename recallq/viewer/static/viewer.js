@@ -1,0 +1,34 @@
+// recallq viewer: optional niceties. Every page works without this file, except that an
+// active run's page refreshes itself only with it.
+(function () {
+  "use strict";
+
+  // an active run's page reloads itself, unless the reader has left the tab
+  var refresh = document.body.getAttribute("data-refresh-seconds");
+  if (refresh) {
+    var seconds = Math.max(2, parseInt(refresh, 10) || 5);
+    setInterval(function () {
+      if (document.visibilityState === "visible") {
+        window.location.reload();
+      }
+    }, seconds * 1000);
+  }
+
+  // choosing a metadata field (or a filter marked so) applies it at once
+  document.querySelectorAll("select[data-autosubmit]").forEach(function (select) {
+    select.addEventListener("change", function () {
+      if (select.form) {
+        select.form.requestSubmit();
+      }
+    });
+  });
+
+  // times in the reader's own zone
+  document.querySelectorAll("time[datetime]").forEach(function (node) {
+    var moment = new Date(node.getAttribute("datetime"));
+    if (!isNaN(moment.getTime())) {
+      node.title = node.textContent;
+      node.textContent = moment.toLocaleString();
+    }
+  });
+})();

@@ -117,6 +117,17 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+REPORT_LOWEST = 25
+MAX_REPORT_LOWEST = 500  # each shown item is read in full: a bound on the report's size
+
+
+def _report_size(text: str) -> int:
+    value = _non_negative_int(text)
+    if not 1 <= value <= MAX_REPORT_LOWEST:
+        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_REPORT_LOWEST}")
+    return value
+
+
 def _add_run_fields(parser: argparse.ArgumentParser) -> None:
     """Options of a new run, shared by `run` and `submit`."""
     parser.add_argument("file", type=Path, help="JSONL, JSON array, CSV or Parquet")
@@ -185,6 +196,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--fresh", action="store_true", help="start over instead of resuming this file's run"
     )
     run.add_argument("--by", metavar="FIELD", help="summary per value of this metadata field")
+    run.add_argument(
+        "--report",
+        nargs="?",
+        const="",  # --report alone: the default file
+        metavar="FILE",
+        help="also write the run's HTML report (default file: recallq-report-RUN.html)",
+    )
     run.add_argument("--batch", action="store_true", help="refused: batch mode needs the service")
     _add_gate(run)
     run.set_defaults(func=cmd_run)
@@ -256,6 +274,23 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--by", metavar="FIELD", help="also per value of this metadata field")
     compare.add_argument("--json", action="store_true", help="the comparison as JSON")
     compare.set_defaults(func=_client_command("compare"))
+
+    report = sub.add_parser("report", help="write a run's HTML report (one file, no server)")
+    report.add_argument("run_id")
+    report.add_argument("--out", type=Path, help="file to write (default: recallq-report-RUN.html)")
+    report.add_argument(
+        "--compare",
+        metavar="BASE_RUN",
+        help="add a comparison with this run as the base (RUN is the candidate)",
+    )
+    report.add_argument(
+        "--lowest",
+        type=_report_size,
+        default=REPORT_LOWEST,
+        help=f"how many of the lowest-scoring items to show (default {REPORT_LOWEST})",
+    )
+    _add_api(report)
+    report.set_defaults(func=_client_command("report"))
 
     gate = sub.add_parser("gate", help="exit 1 when a run misses a threshold (for CI)")
     gate.add_argument("run_id")

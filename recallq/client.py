@@ -14,13 +14,18 @@ import json
 import os
 import sys
 from collections.abc import Iterator
-from typing import Any, Protocol
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import quote
 
 from recallq import display, gates
 from recallq.api_client import Client
 from recallq.display import database_label
 from recallq.gates import CommandError, Exit
 from recallq.settings import Settings
+
+if TYPE_CHECKING:
+    from recallq.db import Database
 
 DEFAULT_API_URL = "http://127.0.0.1:8000"
 PROJECT = "default"  # the local database's one project
@@ -36,6 +41,8 @@ class Backend(Protocol):
     def results(self, run_id: str, format: str, item_data: bool) -> Iterator[bytes]: ...
 
     def compare(self, base: str, candidate: str, by: str | None) -> dict[str, Any]: ...
+
+    def item(self, run_id: str, item_id: str) -> dict[str, Any]: ...
 
     def cancel(self, run_id: str) -> dict[str, Any]: ...
 
@@ -59,6 +66,9 @@ class ApiBackend:
     def compare(self, base: str, candidate: str, by: str | None) -> dict[str, Any]:
         return self.client.compare(base, candidate, by=by)
 
+    def item(self, run_id: str, item_id: str) -> dict[str, Any]:
+        return self.client.get(f"/v1/runs/{run_id}/items/{quote(item_id, safe='')}")
+
     def cancel(self, run_id: str) -> dict[str, Any]:
         return self.client.post(f"/v1/runs/{run_id}/cancel")
 
@@ -67,11 +77,11 @@ class ApiBackend:
 
 
 class LocalBackend:
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, database: Database | None = None) -> None:
         from recallq.local_commands import open_local_database
 
         self.settings = settings
-        self.database = open_local_database(settings)
+        self.database = database or open_local_database(settings)
 
     def _run(self, session: Any, run_id: str) -> Any:
         from recallq.models import Run
@@ -120,6 +130,16 @@ class LocalBackend:
                 return queries.compare_runs(session, base_run, candidate_run, by)
             except queries.IncomparableRuns as exc:
                 raise CommandError(str(exc)) from None
+
+    def item(self, run_id: str, item_id: str) -> dict[str, Any]:
+        from recallq import queries
+
+        with self.database.session() as session:
+            self._run(session, run_id)
+            found = queries.get_item(session, run_id, item_id)
+        if found is None:
+            raise CommandError(f"item {item_id} not found in run {run_id}")
+        return found
 
     def cancel(self, run_id: str) -> dict[str, Any]:
         from recallq.store import stores_for
@@ -256,6 +276,68 @@ def compare(args: argparse.Namespace) -> int:
         for line in display.compare_lines(result):
             print(line)
     return Exit.OK
+
+
+def report(args: argparse.Namespace) -> int:
+    """Write a run's self-contained HTML report (with --compare, against that run as base)."""
+    backend = open_backend(args)
+    try:
+        path = write_report(backend, args.run_id, args.out, base=args.compare, lowest=args.lowest)
+    finally:
+        backend.close()
+    print(f"recallq: report written to {path} (one file; open it in a browser, no server needed)")
+    return Exit.OK
+
+
+def write_report(
+    backend: Backend, run_id: str, out: Path | None, *, base: str | None, lowest: int
+) -> Path:
+    """Gather what a report shows through `backend` (the API or the local database: the same
+    answers as `recallq status` and `recallq compare`) and write it to `out`."""
+    import heapq
+
+    from recallq.viewer import report as html_report
+
+    target = out or Path(f"recallq-report-{run_id}.html")
+    if not target.parent.is_dir():
+        raise CommandError(f"cannot write {target}: {target.parent} is not a directory")
+    view = backend.view(run_id)
+    comparison = backend.compare(base, run_id, None) if base is not None else None
+    # Scores come from the results stream without item data (one pass, even over a 100k-item
+    # run); only the items shown are then read in full.
+    scores = _scores(backend, run_id)
+    picked = heapq.nsmallest(lowest, ((s, i, key) for key, (i, s) in scores.items()))
+    items = [backend.item(run_id, key) for _, _, key in picked]
+    pairs: list[tuple[str, float, float]] = []
+    if base is not None:
+        base_scores = _scores(backend, base)
+        pairs = [
+            (key, base_scores[key][1], score)
+            for key, (_, score) in scores.items()
+            if key in base_scores
+        ]
+    page = html_report.render(view, items, comparison, pairs)
+    partial = target.with_name(target.name + ".partial")
+    partial.write_text(page, encoding="utf-8")
+    partial.replace(target)
+    return target
+
+
+def _scores(backend: Backend, run_id: str) -> dict[str, tuple[int, float]]:
+    """Item id -> (index, score) of a run's scored items."""
+    scores = {}
+    rest = b""  # chunks of a stream end anywhere, lines too
+    for chunk in backend.results(run_id, "jsonl", item_data=False):
+        *lines, rest = (rest + chunk).split(b"\n")
+        for line in lines:
+            item = json.loads(line)
+            if item["score"] is not None:
+                scores[item["id"]] = (item["index"], item["score"])
+    if rest.strip():
+        item = json.loads(rest)
+        if item["score"] is not None:
+            scores[item["id"]] = (item["index"], item["score"])
+    return scores
 
 
 def gate(args: argparse.Namespace) -> int:

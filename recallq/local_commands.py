@@ -197,6 +197,17 @@ def _score(
     if out is not None:
         local.write_results(runtime, run_id, out, getattr(args, "format", None))
         footer.append(f"per-item results with claims: {out}")
+    report_to = getattr(args, "report", None)
+    if report_to is not None:
+        from recallq.cli import REPORT_LOWEST
+        from recallq.client import LocalBackend, write_report
+
+        backend = LocalBackend(runtime.settings, runtime.database)
+        to = Path(report_to) if report_to else None
+        path = write_report(backend, run_id, to, base=None, lowest=REPORT_LOWEST)
+        footer.append(f"HTML report: {path}")
+    else:
+        footer.append(f"HTML report: recallq report {run_id} --out report.html")
     by = getattr(args, "by", None)
     groups = None
     if by:

@@ -72,14 +72,20 @@ def queue_run(runtime: Runtime, run_id: str) -> None:
         log.warning("could not queue run %s now; the reaper will", run_id, exc_info=True)
 
 
-def _plausible_id(value: str) -> bool:
+def plausible_id(value: str) -> bool:
     """An id the database can hold: else it cannot name anything stored (a 404, not a 500)."""
     return len(value) <= MAX_ID_LENGTH and inputs.text_problem(value) is None
 
 
+def find_run(session: Session, run_id: str, project: str) -> Run | None:
+    """The project's run of this id; None for an unknown run and for another project's."""
+    run = session.get(Run, run_id) if plausible_id(run_id) else None
+    return run if run is not None and run.project == project else None
+
+
 def _run_or_404(session: Session, run_id: str, project: str) -> Run:
-    run = session.get(Run, run_id) if _plausible_id(run_id) else None
-    if run is None or run.project != project:
+    run = find_run(session, run_id, project)
+    if run is None:
         raise not_found(f"run {run_id[:80]}")
     return run
 
@@ -490,7 +496,7 @@ def get_item(
 ) -> dict[str, Any]:
     with runtime.database.session() as session:
         _run_or_404(session, run_id, project)
-        found = _plausible_id(item_id)
+        found = plausible_id(item_id)
         item = queries.get_item(session, run_id, item_id, item_data) if found else None
     if item is None:
         raise not_found(f"item {item_id[:80]}")
@@ -558,6 +564,31 @@ async def results(
 # --- actions --------------------------------------------------------------------------------
 
 
+def cancel(runtime: Runtime, run_id: str, project: str) -> None:
+    """Stop a run (this route and the run page's button). When this returns, no judge call
+    for it is in flight and none will start. Raises RunNotFound."""
+    if not plausible_id(run_id):
+        raise RunNotFound(run_id)
+    # Workers see the cancel in the database before their next stage; the gate stops the
+    # calls of stages already past that check, and waits for the calls already sent.
+    if runtime.runs.cancel(run_id, project):
+        runtime.gate.close(run_id)
+        still_open = runtime.gate.wait_idle(run_id, runtime.settings.cancel_wait)
+        if still_open:
+            log.warning("run %s cancelled with %d call(s) still in flight", run_id, still_open)
+
+
+def retry(runtime: Runtime, run_id: str, project: str) -> int:
+    """Re-queue the run's failed items (this route and the run page's button); how many.
+    Raises RunNotFound and RunCancelledError."""
+    if not plausible_id(run_id):
+        raise RunNotFound(run_id)
+    retried = runtime.runs.retry_failed(run_id, project)
+    if retried:
+        queue_run(runtime, run_id)
+    return retried
+
+
 @router.post(
     "/v1/runs/{run_id}/cancel",
     response_model=None,
@@ -566,16 +597,9 @@ async def results(
 def cancel_run(run_id: str, runtime: Rt, project: WriteProject) -> dict[str, Any]:
     """Stop a run. When this returns, no judge call for it is in flight and none will start."""
     try:
-        cancelled = _plausible_id(run_id) and runtime.runs.cancel(run_id, project)
+        cancel(runtime, run_id, project)
     except RunNotFound:
         raise not_found(f"run {run_id[:80]}") from None
-    # Workers see the cancel in the database before their next stage; the gate stops the
-    # calls of stages already past that check, and waits for the calls already sent.
-    if cancelled:
-        runtime.gate.close(run_id)
-        still_open = runtime.gate.wait_idle(run_id, runtime.settings.cancel_wait)
-        if still_open:
-            log.warning("run %s cancelled with %d call(s) still in flight", run_id, still_open)
     return get_run(run_id, runtime, project)
 
 
@@ -587,15 +611,11 @@ def cancel_run(run_id: str, runtime: Rt, project: WriteProject) -> dict[str, Any
 )
 def retry_run(run_id: str, runtime: Rt, project: WriteProject) -> JSONResponse:
     try:
-        if not _plausible_id(run_id):
-            raise RunNotFound(run_id)
-        retried = runtime.runs.retry_failed(run_id, project)
+        retried = retry(runtime, run_id, project)
     except RunNotFound:
         raise not_found(f"run {run_id[:80]}") from None
     except RunCancelledError:
         raise ApiError(409, "run_cancelled", "a cancelled run cannot be retried") from None
-    if retried:
-        queue_run(runtime, run_id)
     return JSONResponse({**get_run(run_id, runtime, project), "retried_items": retried}, 202)
 
 
@@ -609,7 +629,7 @@ def delete_run(run_id: str, runtime: Rt, project: AdminProject) -> Response:
     """Remove an ended run with its items and claims (admin keys only). A queued or running
     run is a 409: cancel it first."""
     try:
-        if not _plausible_id(run_id):
+        if not plausible_id(run_id):
             raise RunNotFound(run_id)
         runtime.runs.delete(run_id, project)
     except RunNotFound:

@@ -176,3 +176,18 @@ class KeyStore:
             if row.last_used_at is None or as_utc(row.last_used_at) < now - LAST_USED_RESOLUTION:
                 session.execute(update(ApiKey).where(ApiKey.id == row.id).values(last_used_at=now))
         return Principal(row.id, row.project, row.role)
+
+    def active(self, key_id: str) -> tuple[Principal, str] | None:
+        """The principal of an active key by its id, with the key's stored hash (a signed-in
+        browser session names its key by id, and is valid only while the key is)."""
+        if len(key_id) > 64 or not key_id.isascii():
+            return None
+        with self._db.session() as session:
+            row = session.execute(
+                select(ApiKey.project, ApiKey.role, ApiKey.key_hash).where(
+                    ApiKey.id == key_id, ApiKey.revoked_at.is_(None)
+                )
+            ).one_or_none()
+        if row is None:
+            return None
+        return Principal(key_id, row.project, row.role), row.key_hash

@@ -36,6 +36,7 @@ __all__ = [
     "ItemScores",
     "bootstrap_interval",
     "compare",
+    "flipped_claims",
     "mean_interval",
     "normal_interval",
 ]
@@ -204,7 +205,7 @@ def _quantile(ordered: Sequence[float], q: float) -> float:
     return ordered[below] + (ordered[above] - ordered[below]) * (position - below)
 
 
-def _flipped(base: ItemScores, candidate: ItemScores) -> list[dict[str, str]]:
+def flipped_claims(base: ItemScores, candidate: ItemScores) -> list[dict[str, str]]:
     """Claims of the same text in both runs whose verdict differs, in the base's order."""
     return [
         {"claim": text, "base": verdict, "candidate": candidate.claims[text]}
@@ -216,7 +217,7 @@ def _flipped(base: ItemScores, candidate: ItemScores) -> list[dict[str, str]]:
 def _flip_counts(pairs: Sequence[tuple[ItemScores, ItemScores]]) -> dict[str, int]:
     counts = {"no_to_yes": 0, "yes_to_no": 0}
     for base, candidate in pairs:
-        for flip in _flipped(base, candidate):
+        for flip in flipped_claims(base, candidate):
             if flip["base"] == "no" and flip["candidate"] == "yes":
                 counts["no_to_yes"] += 1
             elif flip["base"] == "yes" and flip["candidate"] == "no":
@@ -239,7 +240,7 @@ def _largest_changes(
             "base": pairs[i][0].score,
             "candidate": pairs[i][1].score,
             "difference": _round(differences[i]),
-            "flipped": _flipped(*pairs[i]),
+            "flipped": flipped_claims(*pairs[i]),
         }
         for i in chosen
     ]

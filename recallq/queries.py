@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -341,6 +342,142 @@ def _static_context(session: Session, run_id: str, items: list[Item]) -> list[st
     return context
 
 
+#: Items of a run on one page of the items table, at most.
+MAX_TABLE_PAGE = 200
+#: How much of an item's ground truth a table row shows.
+TABLE_TEXT = 160
+ItemsCursor = tuple[float | None, int]  # (score when sorted by score, idx)
+
+
+@dataclass(frozen=True)
+class ItemFilter:
+    """Which items of a run a table shows, and in which order. `text` matches the item id or
+    its ground truth (case-insensitive substring); a score range or a sort by score keeps
+    only scored items."""
+
+    status: str | None = None
+    min_score: float | None = None
+    max_score: float | None = None
+    text: str | None = None
+    sort: str | None = None  # None (submission order), "score" (lowest first) or "-score"
+
+    @property
+    def by_score(self) -> bool:
+        return self.sort in ("score", "-score")
+
+
+def _like(text: str) -> str:
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+def items_table(
+    session: Session,
+    run_id: str,
+    where: ItemFilter,
+    limit: int,
+    after: ItemsCursor | None = None,
+) -> tuple[list[dict[str, Any]], ItemsCursor | None]:
+    """A page of a run's items as table rows (id, index, status, score, claims counts, error,
+    the start of the ground truth: no claims, no passages), and the cursor of the next page.
+    Keyset-paged on (score, idx) or idx, so a page of a 100k-item run reads about `limit`
+    rows, plus those a text filter passes over."""
+    limit = max(1, min(limit, MAX_TABLE_PAGE))
+    columns = (
+        Item.key,
+        Item.idx,
+        Item.status,
+        Item.score,
+        Item.claims_total,
+        Item.claims_attributed,
+        Item.error,
+        func.substr(Item.ground_truth, 1, TABLE_TEXT),
+    )
+    query = select(*columns).where(Item.run_id == run_id)
+    if where.status:
+        query = query.where(Item.status.in_(stored_item_statuses(where.status)))
+    if where.by_score or where.min_score is not None or where.max_score is not None:
+        query = query.where(Item.score.is_not(None))
+    if where.min_score is not None:
+        query = query.where(Item.score >= where.min_score)
+    if where.max_score is not None:
+        query = query.where(Item.score <= where.max_score)
+    if where.text:
+        pattern = _like(where.text)
+        query = query.where(
+            or_(Item.key.ilike(pattern, escape="\\"), Item.ground_truth.ilike(pattern, escape="\\"))
+        )
+    if where.sort == "score":
+        order: list[ColumnElement[Any]] = [Item.score.asc(), Item.idx.asc()]
+        if after is not None:
+            score, idx = after
+            query = query.where(or_(Item.score > score, and_(Item.score == score, Item.idx > idx)))
+    elif where.sort == "-score":
+        order = [Item.score.desc(), Item.idx.asc()]
+        if after is not None:
+            score, idx = after
+            query = query.where(or_(Item.score < score, and_(Item.score == score, Item.idx > idx)))
+    else:
+        order = [Item.idx.asc()]
+        if after is not None:
+            query = query.where(Item.idx > after[1])
+    rows = session.execute(query.order_by(*order).limit(limit + 1)).all()
+    more = len(rows) > limit
+    rows = rows[:limit]
+    page = [
+        {
+            "id": key,
+            "index": idx,
+            "status": public_item_status(status),
+            "score": score,
+            "claims_total": claims_total,
+            "claims_attributed": claims_attributed,
+            "error": error,
+            "ground_truth": truth,
+        }
+        for key, idx, status, score, claims_total, claims_attributed, error, truth in rows
+    ]
+    last = page[-1] if more else None
+    cursor = None if last is None else (last["score"] if where.by_score else None, last["index"])
+    return page, cursor
+
+
+def encode_items_cursor(cursor: ItemsCursor | None) -> str | None:
+    if cursor is None:
+        return None
+    return base64.urlsafe_b64encode(json.dumps(list(cursor)).encode()).decode()
+
+
+def decode_items_cursor(cursor: str) -> ItemsCursor:
+    """Raises ValueError for a cursor this module did not make."""
+    try:
+        score, idx = json.loads(base64.urlsafe_b64decode(cursor.encode() + b"=="))
+    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
+        raise ValueError("not an items cursor") from exc
+    valid_score = score is None or (
+        isinstance(score, int | float) and not isinstance(score, bool) and math.isfinite(score)
+    )
+    if not valid_score or isinstance(idx, bool) or not isinstance(idx, int) or idx < 0:
+        raise ValueError("not an items cursor")
+    return score, idx
+
+
+def metadata_fields(session: Session, run_id: str, sample: int = 200) -> list[str]:
+    """The metadata fields of the run's first `sample` items that carry metadata, sorted
+    (what a page offers to slice the run by)."""
+    fields: set[str] = set()
+    rows = session.scalars(
+        select(Item.item_metadata)
+        .where(Item.run_id == run_id, Item.item_metadata.is_not(None))
+        .order_by(Item.idx)
+        .limit(sample)
+    )
+    for metadata in rows:
+        if isinstance(metadata, dict):
+            fields.update(str(name) for name in metadata)
+    return sorted(fields)
+
+
 def get_item(
     session: Session, run_id: str, key: str, item_data: bool = True
 ) -> dict[str, Any] | None:
@@ -403,23 +540,32 @@ def _run_brief(run: Run) -> dict[str, Any]:
 
 
 def compare_runs(
-    session: Session, base: Run, candidate: Run, by: str | None = None, top: int = 10
+    session: Session,
+    base: Run,
+    candidate: Run,
+    by: str | None = None,
+    top: int = 10,
+    pairs: bool = False,
 ) -> dict[str, Any]:
     """The contract's comparison of `candidate` against `base`, items paired by id, with
-    `base_run` and `candidate_run` (id, name, model, status). Raises IncomparableRuns for runs
-    of different scales."""
+    `base_run` and `candidate_run` (id, name, model, status) and, with `pairs`, every pair
+    scored in both as `[key, base score, candidate score]` (for a scatter). Raises
+    IncomparableRuns for runs of different scales."""
     if base.scale != candidate.scale:
         raise IncomparableRuns(
             f"the runs have different scales ({base.scale:g} and {candidate.scale:g}); "
             "compare runs scored on one scale"
         )
-    result = ab.compare(
-        item_scores(session, base.id),
-        item_scores(session, candidate.id),
-        scale=base.scale,
-        top=top,
-        by=by,
-    )
+    base_items = item_scores(session, base.id)
+    candidate_items = item_scores(session, candidate.id)
+    result = ab.compare(base_items, candidate_items, scale=base.scale, top=top, by=by)
+    if pairs:
+        scored = {item.key: item.score for item in candidate_items if item.score is not None}
+        result["pairs"] = [
+            (item.key, item.score, scored[item.key])
+            for item in base_items
+            if item.score is not None and item.key in scored
+        ]
     return {**result, "base_run": _run_brief(base), "candidate_run": _run_brief(candidate)}
 
 

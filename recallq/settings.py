@@ -78,6 +78,10 @@ class Settings(BaseSettings):
     max_queued_items_per_project: int = 1_000_000  # items of a project not yet ended
     retention_days: float | None = None  # ended runs older than this are deleted; None: kept
     retention_interval: float = 3600.0  # how often one worker looks for them
+    # signs the web pages' sign-in cookies together with the key's stored hash; set it (any
+    # long random string, the same for every API process) so that a copy of the keys table
+    # is not enough to forge a browser session
+    session_secret: str | None = None
 
     # contexts: what one item may be judged against
     max_context_bytes: int = 1024 * 1024  # resolved passages of one item (or the run's static)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from functools import cache
 from importlib import resources
+from pathlib import Path
 
 import jinja2
 
@@ -37,6 +38,11 @@ def environment() -> jinja2.Environment:
         supporting_passages=figures.supporting_passages,
     )
     return env
+
+
+def static_directory() -> Path:
+    """The directory of STATIC_FILES (the API serves it)."""
+    return Path(str(resources.files("recallq.viewer").joinpath("static")))
 
 
 def static_file(name: str) -> str:

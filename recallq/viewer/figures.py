@@ -181,12 +181,18 @@ def marked_passages(context: Sequence[str], claims: Sequence[dict[str, Any]]) ->
         if j not in citing:
             marked.append([Span(passage)])
             continue
-        spans = [Span(sentence) for sentence in sentences(passage)]
-        texts = [span.text for span in spans]
+        pieces = sentences(passage)
+        spans = [Span(piece.rstrip()) for piece in pieces]
         for claim in citing[j]:
-            for i in closest_sentences(texts, claim["text"]):
+            for i in closest_sentences(pieces, claim["text"]):
                 spans[i].claims.append(claim["index"])
-        marked.append(spans)
+        # the space after a sentence stays outside its mark
+        with_gaps = []
+        for span, piece in zip(spans, pieces, strict=True):
+            with_gaps.append(span)
+            if len(piece) > len(span.text):
+                with_gaps.append(Span(piece[len(span.text) :]))
+        marked.append(with_gaps)
     return marked
 
 

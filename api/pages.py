@@ -1,0 +1,631 @@
+"""The web pages: runs, a run, its items, an item, two runs compared; sign-in; cancel and retry.
+
+HTML over the same queries as the JSON API (recallq.queries), rendered with the viewer's
+templates (recallq.viewer), in the same process and project scoping as /v1: another project's
+run is the same 404 page as an unknown one. Who the browser is and the CSRF tokens of its
+forms: api.page_auth. Every query parameter is bounded and checked here; a bad one is a 400
+page. Not in the OpenAPI document.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import replace
+from typing import Any
+from urllib.parse import parse_qs, quote, urlencode
+
+import anyio.to_thread
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.staticfiles import StaticFiles
+from redis.exceptions import RedisError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from api import page_auth
+from api.body import Pace, paced_chunks
+from api.page_auth import Browser
+from api.routes import cancel, find_run, plausible_id, retry
+from recallq import compare as ab
+from recallq import inputs, queries, viewer
+from recallq.models import Run
+from recallq.runtime import Runtime
+from recallq.status import RUN_ACTIVE
+from recallq.store import RunCancelledError, RunNotFound
+
+log = logging.getLogger(__name__)
+router = APIRouter(include_in_schema=False)
+STATIC_URL = "/ui-static"
+RUNS_PAGE = 25
+ITEMS_PAGE = 50
+COMPARE_TOP = 20
+COMPARE_CHOICES = 100
+MAX_PARAM = 200  # characters of any query parameter (ids, names, text, cursors)
+MAX_FORM_BYTES = 4096
+RUN_STATUSES = ("queued", "running", "completed", "cancelled")
+ITEM_STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
+REFRESH_SECONDS = 5
+# Pages load only this origin's stylesheet and script, post forms only here, and are never
+# framed: the CSP the templates are written for (no inline script or style).
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+PAGE_HEADERS = {"Content-Security-Policy": CSP, "Cache-Control": "no-store"}
+
+
+class PageError(Exception):
+    """A page that answers with an error page (400, 403, 404, 409, 413, 503)."""
+
+    def __init__(self, status: int, title: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.title, self.message = status, title, message
+
+
+class SignInRequired(Exception):
+    """No valid session while keys are required: to the sign-in page, then back."""
+
+    def __init__(self, next_path: str) -> None:
+        super().__init__(next_path)
+        self.next_path = next_path
+
+
+def install(app: FastAPI) -> None:
+    """The pages, their static files and their error pages."""
+    app.include_router(router)
+    static = viewer.static_directory()
+    app.mount(STATIC_URL, StaticFiles(directory=static), name="viewer-static")
+
+    @app.exception_handler(PageError)
+    async def _page_error(request: Request, exc: PageError) -> Response:
+        return _error_page(request, exc.status, exc.title, exc.message)
+
+    @app.exception_handler(SignInRequired)
+    async def _sign_in(request: Request, exc: SignInRequired) -> Response:
+        target = "/signin?" + urlencode({"next": exc.next_path})
+        return RedirectResponse(target, status_code=303, headers=PAGE_HEADERS)
+
+
+# --- rendering ---------------------------------------------------------------------------
+
+
+def _runtime(request: Request) -> Runtime:
+    runtime: Runtime = request.app.state.runtime
+    return runtime
+
+
+def _render(
+    request: Request, browser: Browser, template: str, http_status: int = 200, **context: Any
+) -> HTMLResponse:
+    fresh_cookie = None
+    if page_auth.auth_off(_runtime(request)) and browser.cookie is None:
+        # keys off: the browser still needs a cookie for its forms' CSRF tokens to bind to
+        fresh_cookie = page_auth.new_anonymous_cookie()
+        browser = replace(browser, cookie=fresh_cookie)
+    html = (
+        viewer.environment()
+        .get_template(template)
+        .render(
+            browser=browser,
+            csrf_token=browser.csrf_token(),
+            auth_on=not page_auth.auth_off(_runtime(request)),
+            static_url=STATIC_URL,
+            **{"refresh_seconds": None, **context},
+        )
+    )
+    response = HTMLResponse(html, status_code=http_status, headers=PAGE_HEADERS)
+    if fresh_cookie is not None:
+        page_auth.set_cookie(request, response, fresh_cookie)
+    return response
+
+
+def _error_page(request: Request, status: int, title: str, message: str) -> HTMLResponse:
+    try:
+        browser = page_auth.browser(request)
+    except Exception:  # noqa: BLE001  (an error page must render even when the database is down)
+        browser = Browser(None, None, b"")
+    return _render(
+        request, browser, "error.html", status, status=status, title=title, message=message
+    )
+
+
+def _not_found(what: str = "run") -> PageError:
+    return PageError(404, "Not found", f"No such {what} in your project.")
+
+
+def _bad_request(message: str) -> PageError:
+    return PageError(400, "Bad request", message)
+
+
+# --- who is asking -----------------------------------------------------------------------
+
+
+def _reader(request: Request) -> Browser:
+    """The signed-in browser (any role), or a redirect to the sign-in page."""
+    browser = page_auth.browser(request)
+    if not browser.signed_in:
+        path = request.url.path
+        if request.url.query and len(request.url.query) <= 1000:
+            path += "?" + request.url.query
+        raise SignInRequired(path)
+    return browser
+
+
+def _project(browser: Browser) -> str:
+    assert browser.principal is not None  # _reader's browsers are signed in
+    return browser.principal.project
+
+
+def _can_write(browser: Browser) -> bool:
+    return browser.principal is not None and browser.principal.may("write")
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """A small urlencoded form's fields (the first value of each)."""
+    runtime = _runtime(request)
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind != "application/x-www-form-urlencoded":
+        raise _bad_request("send the page's form")
+    body = b""
+    async for chunk in paced_chunks(request, Pace.of(runtime.settings)):
+        body += chunk
+        if len(body) > MAX_FORM_BYTES:
+            raise PageError(413, "Too large", "That form is larger than any of these pages send.")
+    try:
+        fields = parse_qs(body.decode("utf-8"), max_num_fields=10)
+    except (UnicodeDecodeError, ValueError):
+        raise _bad_request("the form could not be read") from None
+    return {name: values[0] for name, values in fields.items() if values}
+
+
+def _checked_post(request: Request, browser: Browser, form: Mapping[str, str]) -> None:
+    """A POST that changes something: from this site, with the session's CSRF token."""
+    if not page_auth.same_origin(request) or not browser.csrf_valid(form.get("csrf_token", "")):
+        raise PageError(
+            403, "Forbidden", "This form was not sent from this site's page (reload and retry)."
+        )
+
+
+# --- parameters --------------------------------------------------------------------------
+
+
+def _text(value: str | None, name: str) -> str | None:
+    """A bounded, storable text parameter; None when empty."""
+    if value is None or value == "":
+        return None
+    if len(value) > MAX_PARAM or inputs.text_problem(value) is not None:
+        raise _bad_request(f"{name} must be at most {MAX_PARAM} characters of plain text")
+    return value
+
+
+def _choice(value: str | None, name: str, allowed: tuple[str, ...]) -> str | None:
+    if value is None or value == "":
+        return None
+    if value not in allowed:
+        raise _bad_request(f"{name} must be one of {', '.join(allowed)}")
+    return value
+
+
+def _score_bound(value: str | None, name: str, scale: float) -> float | None:
+    if value is None or value.strip() == "":
+        return None
+    try:
+        number = float(value) if len(value) <= 32 else math.nan
+    except ValueError:
+        number = math.nan
+    if not math.isfinite(number) or not 0 <= number <= scale:
+        raise _bad_request(f"{name} must be a number from 0 to {scale:g}")
+    return number
+
+
+def _local_path(value: str | None) -> str:
+    """Where to go after signing in: a path of this site, else the runs page."""
+    if (
+        not value
+        or len(value) > 1000
+        or not value.startswith("/")
+        or value.startswith("//")
+        or "\\" in value
+        or not value.isprintable()
+        or value.startswith("/signin")
+    ):
+        return "/"
+    return value
+
+
+def _item_href(run_id: str) -> Callable[[str], str]:
+    return lambda key: f"/runs/{quote(run_id, safe='')}/items/{quote(key, safe='')}"
+
+
+def _run_brief(run: Run) -> dict[str, Any]:
+    """What a page about a run's items shows of the run (no aggregate over its items)."""
+    return {
+        "id": run.id,
+        "name": run.name,
+        "model": run.model,
+        "scale": run.scale,
+        "status": run.status,
+        "counts": {"total": run.total_items},
+    }
+
+
+def _run_view(runtime: Runtime, session: Session, run: Run) -> tuple[dict[str, Any], str | None]:
+    """The run object as GET /v1/runs/{id} gives it, and a notice when Redis (which says why
+    an active run waits) cannot be asked: the rest comes from the database."""
+    try:
+        return runtime.run_view(session, run), None
+    except RedisError:
+        view = queries.run_view(session, run)
+        view["waiting"] = None
+        notice = "Redis cannot be reached now: whether this run waits on its provider is unknown."
+        return view, notice if run.status in RUN_ACTIVE else None
+
+
+# --- sign-in -----------------------------------------------------------------------------
+
+
+@router.get("/signin", response_class=HTMLResponse)
+def signin_page(request: Request, next: str | None = None) -> Response:
+    browser = page_auth.browser(request)
+    if browser.signed_in and page_auth.auth_off(_runtime(request)):
+        return RedirectResponse(_local_path(next), status_code=303, headers=PAGE_HEADERS)
+    return _render(
+        request,
+        browser,
+        "signin.html",
+        next=_local_path(next),
+        failed=False,
+        session_hours=page_auth.SESSION_SECONDS // 3600,
+    )
+
+
+@router.post("/signin", response_class=HTMLResponse)
+async def signin(request: Request) -> Response:
+    if not page_auth.same_origin(request):
+        raise PageError(403, "Forbidden", "Sign in from this site's sign-in page.")
+    form = await _form(request)
+    target = _local_path(form.get("next"))
+    runtime = _runtime(request)
+    if page_auth.auth_off(runtime):
+        return RedirectResponse(target, status_code=303, headers=PAGE_HEADERS)
+    cookie = await anyio.to_thread.run_sync(page_auth.sign_in, request, form.get("key", ""))
+    if cookie is None:
+        log.info("page sign-in refused: unknown or revoked key")
+        return _render(
+            request,
+            Browser(None, None, b""),
+            "signin.html",
+            401,
+            next=target,
+            failed=True,
+            session_hours=page_auth.SESSION_SECONDS // 3600,
+        )
+    response = RedirectResponse(target, status_code=303, headers=PAGE_HEADERS)
+    page_auth.set_cookie(request, response, cookie)
+    return response
+
+
+@router.post("/signout")
+async def signout(request: Request) -> Response:
+    form = await _form(request)
+    browser = await anyio.to_thread.run_sync(page_auth.browser, request)
+    _checked_post(request, browser, form)
+    response = RedirectResponse("/signin", status_code=303, headers=PAGE_HEADERS)
+    page_auth.clear_cookie(response)
+    return response
+
+
+# --- runs --------------------------------------------------------------------------------
+
+
+@router.get("/", response_class=HTMLResponse)
+def runs_page(
+    request: Request,
+    status: str | None = None,
+    name: str | None = None,
+    cursor: str | None = None,
+) -> Response:
+    browser = _reader(request)
+    status = _choice(status, "status", RUN_STATUSES)
+    name = _text(name, "name")
+    after = None
+    if cursor:
+        try:
+            after = queries.decode_run_cursor(_text(cursor, "cursor") or "")
+        except ValueError:
+            raise _bad_request("that page link is not one this site made") from None
+    runtime = _runtime(request)
+    with runtime.database.session() as session:
+        runs, next_cursor = queries.list_runs(
+            session, _project(browser), status=status, name=name, limit=RUNS_PAGE, after=after
+        )
+    next_url = None
+    if next_cursor is not None:
+        query = {"status": status or "", "name": name or ""}
+        query["cursor"] = queries.encode_run_cursor(next_cursor) or ""
+        next_url = "/?" + urlencode({k: v for k, v in query.items() if v})
+    return _render(
+        request,
+        browser,
+        "runs.html",
+        runs=runs,
+        status=status,
+        name=name,
+        statuses=RUN_STATUSES,
+        next_url=next_url,
+    )
+
+
+@router.get("/runs/{run_id}", response_class=HTMLResponse)
+def run_page(request: Request, run_id: str, by: str | None = None) -> Response:
+    browser = _reader(request)
+    by = _text(by, "by")
+    runtime = _runtime(request)
+    with runtime.database.session() as session:
+        run = find_run(session, run_id, _project(browser))
+        if run is None:
+            raise _not_found()
+        view, notice = _run_view(runtime, session, run)
+        fields = queries.metadata_fields(session, run.id)
+        if by is None and fields:
+            by = fields[0]
+        groups = queries.group_summary(session, run.id, by) if fields and by else None
+    if by is not None and by not in fields:
+        fields = [*fields, by]
+    active = view["status"] in RUN_ACTIVE
+    return _render(
+        request,
+        browser,
+        "run.html",
+        run=view,
+        notice=notice,
+        message=_message(request),
+        active=active,
+        can_write=_can_write(browser),
+        metadata_fields=fields,
+        by=by,
+        groups=groups,
+        refresh_seconds=REFRESH_SECONDS if active else None,
+    )
+
+
+_MESSAGES = {
+    "cancelled": "Run cancelled: no judge call for it is in flight, and none will start.",
+    "retried": "Failed items queued again.",
+    "nothing-to-retry": "No failed item to retry.",
+}
+
+
+def _message(request: Request) -> str | None:
+    return _MESSAGES.get(request.query_params.get("done", ""))
+
+
+async def _action(request: Request, run_id: str, act: Callable[[Runtime, str], str]) -> Response:
+    """A button on the run page: a same-site form with the CSRF token, by a write key. Then
+    back to the run page (303), which says what happened."""
+    form = await _form(request)
+    browser = await anyio.to_thread.run_sync(page_auth.browser, request)
+    if not browser.signed_in:
+        raise SignInRequired(f"/runs/{quote(run_id, safe='')}")
+    _checked_post(request, browser, form)
+    if not _can_write(browser):
+        raise PageError(403, "Forbidden", "Your key may only read: cancel and retry need write.")
+    project = _project(browser)
+    runtime = _runtime(request)
+    try:
+        done = await anyio.to_thread.run_sync(act, runtime, project)
+    except RunNotFound:
+        raise _not_found() from None
+    except RunCancelledError:
+        raise PageError(409, "Conflict", "A cancelled run cannot be retried.") from None
+    except RedisError:
+        raise PageError(503, "Unavailable", "Redis cannot be reached now; retry soon.") from None
+    target = f"/runs/{quote(run_id, safe='')}?done={done}"
+    return RedirectResponse(target, status_code=303, headers=PAGE_HEADERS)
+
+
+@router.post("/runs/{run_id}/cancel")
+async def cancel_page(request: Request, run_id: str) -> Response:
+    def act(runtime: Runtime, project: str) -> str:
+        cancel(runtime, run_id, project)
+        return "cancelled"
+
+    return await _action(request, run_id, act)
+
+
+@router.post("/runs/{run_id}/retry")
+async def retry_page(request: Request, run_id: str) -> Response:
+    def act(runtime: Runtime, project: str) -> str:
+        return "retried" if retry(runtime, run_id, project) else "nothing-to-retry"
+
+    return await _action(request, run_id, act)
+
+
+# --- items -------------------------------------------------------------------------------
+
+
+@router.get("/runs/{run_id}/items", response_class=HTMLResponse)
+def items_page(
+    request: Request,
+    run_id: str,
+    status: str | None = None,
+    min_score: str | None = None,
+    max_score: str | None = None,
+    q: str | None = None,
+    sort: str | None = None,
+    cursor: str | None = None,
+) -> Response:
+    browser = _reader(request)
+    runtime = _runtime(request)
+    with runtime.database.session() as session:
+        run = find_run(session, run_id, _project(browser))
+        if run is None:
+            raise _not_found()
+        where = queries.ItemFilter(
+            status=_choice(status, "status", ITEM_STATUSES),
+            min_score=_score_bound(min_score, "min_score", run.scale),
+            max_score=_score_bound(max_score, "max_score", run.scale),
+            text=_text(q, "q"),
+            sort=_choice(sort, "sort", ("score", "-score")),
+        )
+        after = None
+        if cursor:
+            try:
+                after = queries.decode_items_cursor(_text(cursor, "cursor") or "")
+            except ValueError:
+                raise _bad_request("that page link is not one this site made") from None
+        rows, next_cursor = queries.items_table(session, run.id, where, ITEMS_PAGE, after)
+    base = f"/runs/{quote(run.id, safe='')}/items"
+    query = {
+        "status": where.status,
+        "min_score": min_score if where.min_score is not None else None,
+        "max_score": max_score if where.max_score is not None else None,
+        "q": where.text,
+        "sort": where.sort,
+    }
+    kept = {name: value for name, value in query.items() if value}
+    next_url = None
+    if next_cursor is not None:
+        next_url = (
+            base + "?" + urlencode({**kept, "cursor": queries.encode_items_cursor(next_cursor)})
+        )
+    first_url = (base + ("?" + urlencode(kept) if kept else "")) if after is not None else None
+    return _render(
+        request,
+        browser,
+        "items.html",
+        run=_run_brief(run),
+        items=rows,
+        filters=where,
+        statuses=ITEM_STATUSES,
+        max_text=MAX_PARAM,
+        item_url=_item_href(run.id),
+        next_url=next_url,
+        first_url=first_url,
+    )
+
+
+@router.get("/runs/{run_id}/items/{item_id:path}", response_class=HTMLResponse)
+def item_page(request: Request, run_id: str, item_id: str) -> Response:
+    browser = _reader(request)
+    runtime = _runtime(request)
+    with runtime.database.session() as session:
+        run = find_run(session, run_id, _project(browser))
+        if run is None:
+            raise _not_found()
+        item = queries.get_item(session, run.id, item_id) if plausible_id(item_id) else None
+        if item is None:
+            raise _not_found("item")
+    return _render(request, browser, "item.html", run=_run_brief(run), item=item)
+
+
+# --- comparing ---------------------------------------------------------------------------
+
+
+def _run_choices(session: Session, project: str) -> list[dict[str, Any]]:
+    """The project's newest runs for the compare form: id, name, created (no aggregates)."""
+    rows = session.execute(
+        select(Run.id, Run.name, Run.created_at)
+        .where(Run.project == project)
+        .order_by(Run.created_at.desc(), Run.id.desc())
+        .limit(COMPARE_CHOICES)
+    )
+    return [
+        {"id": run_id, "name": name, "created_at": created.isoformat()}
+        for run_id, name, created in rows
+    ]
+
+
+def _two_runs(
+    session: Session, project: str, base: str | None, candidate: str | None
+) -> tuple[Run, Run]:
+    base_run = find_run(session, _text(base, "base") or "", project)
+    candidate_run = find_run(session, _text(candidate, "candidate") or "", project)
+    if base_run is None or candidate_run is None:
+        raise _not_found()
+    return base_run, candidate_run
+
+
+@router.get("/compare", response_class=HTMLResponse)
+def compare_page(
+    request: Request, base: str | None = None, candidate: str | None = None
+) -> Response:
+    browser = _reader(request)
+    project = _project(browser)
+    runtime = _runtime(request)
+    result = None
+    scale = None
+    with runtime.database.session() as session:
+        choices = _run_choices(session, project)
+        if base and candidate:
+            base_run, candidate_run = _two_runs(session, project, base, candidate)
+            try:
+                result = queries.compare_runs(
+                    session, base_run, candidate_run, top=COMPARE_TOP, pairs=True
+                )
+            except queries.IncomparableRuns as exc:
+                raise _bad_request(str(exc)) from None
+            scale = base_run.scale
+    chosen = {run["id"] for run in choices}
+    if result is not None:
+        # runs older than the newest COMPARE_CHOICES stay selectable when compared
+        for brief in (result["base_run"], result["candidate_run"]):
+            if brief["id"] not in chosen:
+                choices.append({"id": brief["id"], "name": brief["name"], "created_at": None})
+                chosen.add(brief["id"])
+
+    def item_url(key: str) -> str:
+        return f"/compare/items/{quote(key, safe='')}?" + urlencode(
+            {"base": base or "", "candidate": candidate or ""}
+        )
+
+    return _render(
+        request,
+        browser,
+        "compare.html",
+        choices=choices,
+        # by default the newest run against the one before it
+        base_id=base or (choices[1]["id"] if len(choices) > 1 else None),
+        candidate_id=candidate or (choices[0]["id"] if choices else None),
+        result=result,
+        scale=scale,
+        item_url=item_url,
+    )
+
+
+def _scores_of(item: dict[str, Any] | None) -> ab.ItemScores | None:
+    if item is None:
+        return None
+    claims = {c["text"]: c["verdict"] for c in item["claims"] if c["verdict"] is not None}
+    return ab.ItemScores(item["id"], item["score"], claims)
+
+
+@router.get("/compare/items/{item_id:path}", response_class=HTMLResponse)
+def compare_item_page(
+    request: Request, item_id: str, base: str | None = None, candidate: str | None = None
+) -> Response:
+    browser = _reader(request)
+    runtime = _runtime(request)
+    with runtime.database.session() as session:
+        base_run, candidate_run = _two_runs(session, _project(browser), base, candidate)
+        found = plausible_id(item_id)
+        base_item = queries.get_item(session, base_run.id, item_id) if found else None
+        candidate_item = queries.get_item(session, candidate_run.id, item_id) if found else None
+        if base_item is None and candidate_item is None:
+            raise _not_found("item")
+        base_view, candidate_view = _run_brief(base_run), _run_brief(candidate_run)
+    base_scores, candidate_scores = _scores_of(base_item), _scores_of(candidate_item)
+    flipped: set[str] = set()
+    if base_scores is not None and candidate_scores is not None:
+        flipped = {flip["claim"] for flip in ab.flipped_claims(base_scores, candidate_scores)}
+    return _render(
+        request,
+        browser,
+        "compare_item.html",
+        item_id=item_id,
+        flipped=flipped,
+        sides=[("base", base_view, base_item), ("candidate", candidate_view, candidate_item)],
+        compare_url="/compare?" + urlencode({"base": base_run.id, "candidate": candidate_run.id}),
+    )

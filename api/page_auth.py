@@ -1,8 +1,9 @@
 """Who a browser is on the web pages: a signed session cookie, and CSRF tokens for its forms.
 
 Signing in checks a key exactly as the JSON API does (recallq.apikeys.KeyStore.authenticate)
-and sets a cookie `KEY_ID.EXPIRES.MAC`: the key's id, when the session ends, and an HMAC of
-both keyed with the key's stored hash (and RECALLQ_SESSION_SECRET when set). The key itself
+and sets a cookie `KEY_ID.EXPIRES.NONCE.MAC`: the key's id, when the session ends, a random
+session id, and an HMAC of the three keyed with the key's stored hash (and
+RECALLQ_SESSION_SECRET when set). The key itself
 is never in the cookie, a URL, a page or a log. Every request looks the key up by id again, so
 a revoked key's sessions stop at once, and a role or project change applies at once; no
 session state is kept anywhere, so every API process accepts every session and none needs
@@ -98,9 +99,9 @@ def browser(request: Request) -> Browser:
 
 def _verified(runtime: Runtime, keys: KeyStore, cookie: str) -> tuple[Principal, bytes] | None:
     parts = cookie.split(".")
-    if len(parts) != 3 or not parts[1].isdigit():
+    if len(parts) != 4 or not parts[1].isdigit():
         return None
-    key_id, expires, mac = parts
+    key_id, expires, nonce, mac = parts
     if int(expires) < time.time():
         return None
     found = keys.active(key_id)
@@ -108,7 +109,7 @@ def _verified(runtime: Runtime, keys: KeyStore, cookie: str) -> tuple[Principal,
         return None
     principal, key_hash = found
     signing_key = _signing_key(runtime, key_hash)
-    if not hmac.compare_digest(_mac(signing_key, f"{key_id}.{expires}"), mac):
+    if not hmac.compare_digest(_mac(signing_key, f"{key_id}.{expires}.{nonce}"), mac):
         return None
     return principal, signing_key
 
@@ -120,9 +121,8 @@ def sign_in(request: Request, key: str) -> str | None:
     principal = keys.authenticate(key)
     if principal is None or principal.key_id is None:
         return None
-    expires = int(time.time()) + SESSION_SECONDS
-    signing_key = _signing_key(runtime, hash_key(key))
-    return f"{principal.key_id}.{expires}.{_mac(signing_key, f'{principal.key_id}.{expires}')}"
+    session = f"{principal.key_id}.{int(time.time()) + SESSION_SECONDS}.{secrets.token_urlsafe(12)}"
+    return f"{session}.{_mac(_signing_key(runtime, hash_key(key)), session)}"
 
 
 def new_anonymous_cookie() -> str:

@@ -163,11 +163,12 @@ def _can_write(browser: Browser) -> bool:
 
 
 async def _form(request: Request) -> dict[str, str]:
-    """A small urlencoded form's fields (the first value of each)."""
+    """A small urlencoded form's fields (the first value of each); no fields for any other
+    body (which then lacks the CSRF token every form here has)."""
     runtime = _runtime(request)
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind != "application/x-www-form-urlencoded":
-        raise _bad_request("send the page's form")
+        return {}
     body = b""
     async for chunk in paced_chunks(request, Pace.of(runtime.settings)):
         body += chunk

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from bench import harness, metrics
+from bench import harness, metrics, pages
 
 Row = tuple[str, ...]
 
@@ -207,7 +207,9 @@ def main() -> None:
     parser.add_argument("--cpu-items", type=int, default=2000, help="items per judge, cpu")
     parser.add_argument("--ragas-rpm", type=int, default=300, help="limit of the RAGAS setup")
     parser.add_argument("--ragas-items", type=int, default=400)
-    sections = ["throughput", "cpu", "limit", "ragas", "cache", "big"]
+    parser.add_argument("--pages-items", type=int, default=100_000, help="items per run, pages")
+    parser.add_argument("--pages-requests", type=int, default=20, help="timed requests per page")
+    sections = ["throughput", "cpu", "limit", "ragas", "cache", "big", "pages"]
     parser.add_argument("--sections", nargs="+", default=sections, choices=sections)
     parser.add_argument("--big-latency-ms", type=float, default=20)
     parser.add_argument("--big-concurrency", type=int, default=16)
@@ -225,6 +227,8 @@ def main() -> None:
         cache_table(args)
     if "big" in args.sections:
         big_tables(args)
+    if "pages" in args.sections:
+        pages_table(args)
 
 
 def throughput_table(args: argparse.Namespace) -> None:
@@ -383,6 +387,28 @@ def big_tables(args: argparse.Namespace) -> None:
             ],
         )
         print(f"  counts: {b['counts']}, LLM calls/item {b['calls']:.2f}")
+
+
+def pages_table(args: argparse.Namespace) -> None:
+    measured = pages.measure(args.pages_items, args.pages_requests, budget_s=15)
+    rows: list[Row] = [("page", "median ms", "p95 ms", "p95 of bound", "requests", "status", "KB")]
+    for t in measured["timings"]:
+        rows.append(
+            (
+                t.label,
+                f"{t.median_ms:.0f}",
+                f"{t.p95_ms:.0f}",
+                f"{t.p95_ms / pages.BOUND_MS:.2f}x",
+                str(t.requests),
+                t.status,
+                f"{t.size_kb:.0f}",
+            )
+        )
+    print_table(
+        f"Viewer pages and their /v1 twins on {args.pages_items}-item runs over HTTP "
+        f"(bound {pages.BOUND_MS:.0f} ms; runs seeded with COPY in {measured['seed_s']:.0f} s)",
+        rows,
+    )
 
 
 if __name__ == "__main__":

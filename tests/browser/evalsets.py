@@ -3,7 +3,7 @@
 Each ground truth holds three facts (three claims for the stub judge, which splits on
 sentences). A passage supports a claim when it holds every content word of it (the stub's
 rule), so which facts a retriever found decides the score: retriever A finds i % 4 of item
-i's facts (0, 1/3, 2/3 or all of them, capped at 3), retriever B finds (i + 1) % 4. Every item
+i's facts (none, one, two or all three), retriever B finds (i + 1) % 4. Every item
 carries metadata (`category`, `source`) so the run page shows means by a metadata field.
 """
 
@@ -87,7 +87,7 @@ DISTRACTOR = "An unrelated passage about the weather in {place} during the sprin
 
 
 def _item(i: int, found: int, extra: str | None = None) -> dict[str, Any]:
-    subject, facts = TOPICS[i % len(TOPICS)]
+    subject, facts = TOPICS[i // 2 % len(TOPICS)]  # each topic found in all four ways
     passages = [passage for _, passage in facts[: min(found, 3)]]
     passages.insert(i % 2, DISTRACTOR.format(place=subject, year=1900 + i))
     if extra is not None:

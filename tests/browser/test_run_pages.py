@@ -93,11 +93,20 @@ def test_the_run_page_shows_the_runs_numbers(stack: Stack, context: Any, screens
     assert sum(int(group.get_attribute("data-count")) for group in groups) == len(FAILING)
     assert "STUB_HTTP_400" in _text(page.locator("[data-testid=failures]"))
 
-    by_metadata = _text(page.locator("[data-testid=by-metadata]"))
-    for category in evalsets.CATEGORIES:
-        assert category in by_metadata
-    options = page.locator("[data-testid=by-metadata] select[name=by] option").all_inner_texts()
-    assert {"category", "source"} <= {option.strip() for option in options}
+    fields = page.locator("select[name=by] option").all_inner_texts()
+    assert {"category", "source"} <= {field.strip() for field in fields}
+    table = page.locator("table[data-testid=by-metadata]")
+    by = table.get_attribute("data-by")
+    groups = stack.get(f"/v1/runs/{run_id}", by=by)["by_group"]
+    shown = {
+        row.get_attribute("data-group"): row.locator("[data-value]").get_attribute("data-value")
+        for row in table.locator("tr[data-group]").all()
+    }
+    assert {group: float(mean) for group, mean in shown.items()} == {
+        group: values["mean_score"] for group, values in groups.items()
+    }
+    if by == "category":
+        assert set(shown) == set(evalsets.CATEGORIES)
     shoot(page, screenshots, "run-page", readme=True)
 
 

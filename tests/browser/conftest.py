@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -171,29 +169,16 @@ def screenshots(tmp_path_factory) -> Iterator[Path]:  # type: ignore[no-untyped-
 
 
 def shoot(page: Any, directory: Path, name: str, readme: bool = False) -> Path:
-    """A full-page screenshot into `directory`; a README one (the viewport, kept small) also
-    into RECALLQ_SCREENSHOTS when that is set."""
+    """A full-page screenshot into `directory`; a README one (the viewport only) also into
+    RECALLQ_SCREENSHOTS when that is set."""
     path = directory / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     target = os.environ.get("RECALLQ_SCREENSHOTS")
     if readme and target:
         out = REPO / target / f"{name}.png"
         out.parent.mkdir(parents=True, exist_ok=True)
-        page.screenshot(path=str(out), full_page=False)
-        _shrink(out)
+        page.screenshot(path=str(out), full_page=False)  # 1200x800: about 100-130 KB
     return path
-
-
-def _shrink(path: Path) -> None:
-    """Fewer colours make a screenshot of flat pages a third of the size; ImageMagick when the
-    machine has it, else the PNG as chromium wrote it."""
-    convert = shutil.which("convert")
-    if convert:
-        subprocess.run(
-            [convert, str(path), "-strip", "-colors", "128", f"PNG8:{path}"],
-            check=True,
-            capture_output=True,
-        )
 
 
 SECRET = re.compile(r"rq_[A-Za-z0-9_-]{43}")

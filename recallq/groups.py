@@ -27,11 +27,12 @@ def group_value(metadata: Mapping[str, Any] | None, by: str) -> str | None:
 
 @dataclass(frozen=True)
 class GroupedItem:
-    """What a group summary needs of one item."""
+    """What a group summary needs of one item, or of `count` items alike."""
 
     status: str
     score: float | None
     metadata: Mapping[str, Any] | None
+    count: int = 1
 
 
 def summarise_groups(items: Iterable[GroupedItem], by: str) -> dict[str, dict[str, Any]]:
@@ -42,12 +43,12 @@ def summarise_groups(items: Iterable[GroupedItem], by: str) -> dict[str, dict[st
     for item in items:
         name = group_value(item.metadata, by) or MISSING_GROUP
         group = groups.setdefault(name, {"items": 0, "scored_items": 0, "failed": 0})
-        group["items"] += 1
+        group["items"] += item.count
         if item.status == "succeeded" and item.score is not None:
-            group["scored_items"] += 1
-            scores.setdefault(name, []).append(item.score)
+            group["scored_items"] += item.count
+            scores.setdefault(name, []).extend([item.score] * item.count)
         elif item.status == "failed":
-            group["failed"] += 1
+            group["failed"] += item.count
     return {
         name: {**groups[name], "mean_score": _mean(scores.get(name, []))} for name in sorted(groups)
     }

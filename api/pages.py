@@ -477,7 +477,7 @@ def items_page(
                 after = queries.decode_items_cursor(_text(cursor, "cursor") or "")
             except ValueError:
                 raise _bad_request("that page link is not one this site made") from None
-        rows, next_cursor = queries.items_table(session, run.id, where, ITEMS_PAGE, after)
+        table = queries.items_table(session, run.id, where, ITEMS_PAGE, after)
     base = f"/runs/{quote(run.id, safe='')}/items"
     query = {
         "status": where.status,
@@ -488,17 +488,17 @@ def items_page(
     }
     kept = {name: value for name, value in query.items() if value}
     next_url = None
-    if next_cursor is not None:
-        next_url = (
-            base + "?" + urlencode({**kept, "cursor": queries.encode_items_cursor(next_cursor)})
-        )
+    if table.cursor is not None:
+        cursor_text = queries.encode_items_cursor(table.cursor) or ""
+        next_url = base + "?" + urlencode({**kept, "cursor": cursor_text})
     first_url = (base + ("?" + urlencode(kept) if kept else "")) if after is not None else None
     return _render(
         request,
         browser,
         "items.html",
         run=_run_brief(run),
-        items=rows,
+        items=table.rows,
+        searched_to=table.searched_to,
         filters=where,
         statuses=ITEM_STATUSES,
         max_text=MAX_PARAM,

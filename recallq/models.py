@@ -89,6 +89,8 @@ class Item(Base):
         UniqueConstraint("run_id", "key", name="uq_items_run_key"),
         # paging by status and status counts of one run
         Index("ix_items_run_status_idx", "run_id", "status", "idx"),
+        # the web pages' items table by score (migration 0007)
+        Index("ix_items_run_score_idx", "run_id", "score", "idx"),
         # the reaper's scan for items whose worker vanished
         Index("ix_items_status_lease", "status", "lease_until"),
     )

@@ -13,7 +13,17 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Text, and_, cast, func, null, or_, select
+from sqlalchemy import (
+    ColumnElement,
+    SQLColumnExpression,
+    Text,
+    and_,
+    cast,
+    func,
+    null,
+    or_,
+    select,
+)
 from sqlalchemy.orm import Session, defer
 
 from recallq import compare as ab
@@ -346,6 +356,8 @@ def _static_context(session: Session, run_id: str, items: list[Item]) -> list[st
 MAX_TABLE_PAGE = 200
 #: How much of an item's ground truth a table row shows.
 TABLE_TEXT = 160
+#: Items a text filter looks through for one page of the items table, at most.
+TEXT_SCAN = 20_000
 ItemsCursor = tuple[float | None, int]  # (score when sorted by score, idx)
 
 
@@ -371,18 +383,56 @@ def _like(text: str) -> str:
     return f"%{escaped}%"
 
 
+def _order(
+    sort: str | None, score: SQLColumnExpression[Any], idx: SQLColumnExpression[Any]
+) -> list[ColumnElement[Any]]:
+    if sort == "score":
+        return [score.asc(), idx.asc()]
+    if sort == "-score":
+        return [score.desc(), idx.asc()]
+    return [idx.asc()]
+
+
+@dataclass(frozen=True)
+class ItemsTable:
+    """A page of the items table. `searched_to`: a text filter looked through as many items as
+    it may and stopped after the item of this index; the next page (`cursor`) searches on."""
+
+    rows: list[dict[str, Any]]
+    cursor: ItemsCursor | None
+    searched_to: int | None = None
+
+
 def items_table(
     session: Session,
     run_id: str,
     where: ItemFilter,
     limit: int,
     after: ItemsCursor | None = None,
-) -> tuple[list[dict[str, Any]], ItemsCursor | None]:
+    scan: int = TEXT_SCAN,
+) -> ItemsTable:
     """A page of a run's items as table rows (id, index, status, score, claims counts, error,
-    the start of the ground truth: no claims, no passages), and the cursor of the next page.
-    Keyset-paged on (score, idx) or idx, so a page of a 100k-item run reads about `limit`
-    rows, plus those a text filter passes over."""
+    the start of the ground truth: no claims, no passages). Keyset-paged on (score, idx) or
+    idx, so a page of a 100k-item run reads about `limit` rows; a text filter looks through
+    `scan` items at most (a text no item has would otherwise read every item of the run)."""
     limit = max(1, min(limit, MAX_TABLE_PAGE))
+    conditions: list[ColumnElement[bool]] = [Item.run_id == run_id]
+    if where.status:
+        conditions.append(Item.status.in_(stored_item_statuses(where.status)))
+    if where.by_score or where.min_score is not None or where.max_score is not None:
+        conditions.append(Item.score.is_not(None))
+    if where.min_score is not None:
+        conditions.append(Item.score >= where.min_score)
+    if where.max_score is not None:
+        conditions.append(Item.score <= where.max_score)
+    if after is not None:
+        score, idx = after
+        if where.sort == "score":
+            conditions.append(or_(Item.score > score, and_(Item.score == score, Item.idx > idx)))
+        elif where.sort == "-score":
+            conditions.append(or_(Item.score < score, and_(Item.score == score, Item.idx > idx)))
+        else:
+            conditions.append(Item.idx > idx)
     columns = (
         Item.key,
         Item.idx,
@@ -391,39 +441,23 @@ def items_table(
         Item.claims_total,
         Item.claims_attributed,
         Item.error,
-        func.substr(Item.ground_truth, 1, TABLE_TEXT),
+        func.substr(Item.ground_truth, 1, TABLE_TEXT).label("truth"),
     )
-    query = select(*columns).where(Item.run_id == run_id)
-    if where.status:
-        query = query.where(Item.status.in_(stored_item_statuses(where.status)))
-    if where.by_score or where.min_score is not None or where.max_score is not None:
-        query = query.where(Item.score.is_not(None))
-    if where.min_score is not None:
-        query = query.where(Item.score >= where.min_score)
-    if where.max_score is not None:
-        query = query.where(Item.score <= where.max_score)
+    query = select(*columns).where(*conditions).order_by(*_order(where.sort, Item.score, Item.idx))
     if where.text:
+        # the next `scan` items in the page's order, and of them the first that match
+        scanned = query.add_columns(Item.ground_truth).limit(scan).subquery()
         pattern = _like(where.text)
-        query = query.where(
-            or_(Item.key.ilike(pattern, escape="\\"), Item.ground_truth.ilike(pattern, escape="\\"))
+        matches = or_(
+            scanned.c.key.ilike(pattern, escape="\\"),
+            scanned.c.ground_truth.ilike(pattern, escape="\\"),
         )
-    if where.sort == "score":
-        order: list[ColumnElement[Any]] = [Item.score.asc(), Item.idx.asc()]
-        if after is not None:
-            score, idx = after
-            query = query.where(or_(Item.score > score, and_(Item.score == score, Item.idx > idx)))
-    elif where.sort == "-score":
-        order = [Item.score.desc(), Item.idx.asc()]
-        if after is not None:
-            score, idx = after
-            query = query.where(or_(Item.score < score, and_(Item.score == score, Item.idx > idx)))
-    else:
-        order = [Item.idx.asc()]
-        if after is not None:
-            query = query.where(Item.idx > after[1])
-    rows = session.execute(query.order_by(*order).limit(limit + 1)).all()
-    more = len(rows) > limit
-    rows = rows[:limit]
+        query = (
+            select(*(scanned.c[c.name] for c in query.selected_columns))
+            .where(matches)
+            .order_by(*_order(where.sort, scanned.c.score, scanned.c.idx))
+        )
+    rows = session.execute(query.limit(limit + 1)).all()
     page = [
         {
             "id": key,
@@ -435,11 +469,23 @@ def items_table(
             "error": error,
             "ground_truth": truth,
         }
-        for key, idx, status, score, claims_total, claims_attributed, error, truth in rows
+        for key, idx, status, score, claims_total, claims_attributed, error, truth in rows[:limit]
     ]
-    last = page[-1] if more else None
-    cursor = None if last is None else (last["score"] if where.by_score else None, last["index"])
-    return page, cursor
+    if len(rows) > limit:
+        last = page[-1]
+        return ItemsTable(page, (last["score"] if where.by_score else None, last["index"]))
+    if where.text:
+        window_end = session.execute(
+            select(Item.score, Item.idx)
+            .where(*conditions)
+            .order_by(*_order(where.sort, Item.score, Item.idx))
+            .offset(scan - 1)
+            .limit(1)
+        ).one_or_none()
+        if window_end is not None:
+            score, idx = window_end
+            return ItemsTable(page, (score if where.by_score else None, idx), searched_to=idx)
+    return ItemsTable(page, None)
 
 
 def encode_items_cursor(cursor: ItemsCursor | None) -> str | None:

@@ -394,6 +394,8 @@ def run_page(request: Request, run_id: str, by: str | None = None) -> Response:
 
 _MESSAGES = {
     "cancelled": "Run cancelled: no judge call for it is in flight, and none will start.",
+    "cancelled-without-gate": "Run cancelled: no item starts another stage. Redis cannot be "
+    "reached now, so judge calls already under way were not stopped; they may still finish.",
     "retried": "Failed items queued again.",
     "nothing-to-retry": "No failed item to retry.",
 }
@@ -430,7 +432,10 @@ async def _action(request: Request, run_id: str, act: Callable[[Runtime, str], s
 @router.post("/runs/{run_id}/cancel")
 async def cancel_page(request: Request, run_id: str) -> Response:
     def act(runtime: Runtime, project: str) -> str:
-        cancel(runtime, run_id, project)
+        try:
+            cancel(runtime, run_id, project)
+        except RedisError:  # cancelled in the database; the gate (in Redis) not closed
+            return "cancelled-without-gate"
         return "cancelled"
 
     return await _action(request, run_id, act)

@@ -147,8 +147,10 @@ def clear_cookie(response: Response) -> None:
 
 def same_origin(request: Request) -> bool:
     """False when the request says it comes from another origin (Origin, else Sec-Fetch-Site);
-    a request that says nothing (an old browser, a script) is judged by its CSRF token only."""
+    a request that says nothing (an old browser, a script) is judged by its CSRF token only.
+    Pages are served with `Referrer-Policy: no-referrer`, under which browsers send a form's
+    Origin as "null": then Sec-Fetch-Site (set by the browser alone) tells."""
     origin = request.headers.get("origin")
-    if origin is not None:
+    if origin is not None and origin != "null":
         return origin == f"{request.url.scheme}://{request.url.netloc}"
     return request.headers.get("sec-fetch-site", "same-origin") in ("same-origin", "none")

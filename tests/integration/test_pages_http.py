@@ -173,17 +173,21 @@ def test_cancel_needs_the_sessions_csrf_token_and_this_sites_origin(
                 data={"csrf_token": token},
                 headers={"Origin": "https://evil.example"},
             ),
+            client.post(  # what a browser sends from another site under no-referrer
+                f"/runs/{run_id}/cancel",
+                data={"csrf_token": token},
+                headers={"Origin": "null", "Sec-Fetch-Site": "cross-site"},
+            ),
         ]
-        assert [response.status_code for response in forged] == [403, 403, 403]
+        assert [response.status_code for response in forged] == [403, 403, 403, 403]
         with _signed_in(api, seen, keys["write"]) as other_session:
             # a token is bound to its own session, not to the key
             stolen = other_session.post(f"/runs/{run_id}/cancel", data={"csrf_token": token})
             assert stolen.status_code == 403
         view = httpx.get(f"{api}/v1/runs/{run_id}", headers=bearer(keys["write"])).json()
         assert view["status"] != "cancelled"
-        done = client.post(
-            f"/runs/{run_id}/cancel", data={"csrf_token": token}, headers={"Origin": api}
-        )
+        same_site = {"Origin": "null", "Sec-Fetch-Site": "same-origin"}  # a browser's own form
+        done = client.post(f"/runs/{run_id}/cancel", data={"csrf_token": token}, headers=same_site)
         assert done.status_code == 303
         assert done.headers["location"] == f"/runs/{run_id}?done=cancelled"
         assert "Run cancelled" in client.get(done.headers["location"]).text

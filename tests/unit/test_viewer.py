@@ -202,3 +202,41 @@ def test_assets_ship_in_the_package_and_load_nothing_from_elsewhere() -> None:
         assert "http://" not in text and "https://" not in text and "@import" not in text
     with pytest.raises(FileNotFoundError):
         static_file("../__init__.py")
+
+
+def test_the_compare_partial_draws_one_point_per_pair_and_links_changes() -> None:
+    result = {
+        "matched": 2,
+        "unmatched": {"base_only": 0, "candidate_only": 1, "unscored": 0},
+        "base_mean": 0.5,
+        "candidate_mean": 0.75,
+        "mean_difference": 0.25,
+        "ci95": [0.0, 0.5],
+        "improved": 1,
+        "regressed": 0,
+        "unchanged": 1,
+        "largest_changes": [
+            {
+                "key": "q/1",
+                "base": 0.5,
+                "candidate": 1.0,
+                "difference": 0.5,
+                "flipped": [{"claim": "c", "base": "no", "candidate": "yes"}],
+            }
+        ],
+        "claims_flipped": {"no_to_yes": 1, "yes_to_no": 0},
+        "pairs": [("q/1", 0.5, 1.0), ("q2", 1.0, 1.0)],
+    }
+    html = _render(
+        '{% import "partials/compare.html" as c %}{{ c.compare_summary(result) }}'
+        "{{ c.scatter_plot(result, 1.0) }}{{ c.largest_changes(result, item_url=url) }}",
+        result=result,
+        url=lambda key: "/compare/items/" + key,
+    )
+    assert 'data-testid="mean-difference" data-value="0.25"' in html
+    assert 'data-testid="compare-interval" data-low="0.0" data-high="0.5"' in html
+    assert 'data-count="improved" data-value="1"' in html
+    assert html.count("<circle") == 2 and "scatter-note" not in html
+    assert re.search(
+        r'<tr data-item-id="q/1">\s*<td class="mono"><a href="/compare/items/q/1">', html
+    )

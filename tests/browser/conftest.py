@@ -26,7 +26,7 @@ import pytest
 
 from tests.browser import evalsets
 from tests.integration.secured import bearer, make_key, secured_env, submit
-from tests.services import REPO, redis_database, start_api, start_worker
+from tests.services import REPO, Process, redis_database, start_api, start_worker
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -52,6 +52,11 @@ class Stack:
     keys: dict[str, str]  # alpha_write, alpha_read, beta_write
     runs: dict[str, str]  # retriever_a, retriever_b (alpha's, scored)
     stub: Any
+    processes: list[Process]  # the API and the worker
+
+    def logs(self) -> str:
+        """Everything the API and the worker have logged so far."""
+        return "\n".join(process.output() for process in self.processes)
 
     def get(self, path: str, key: str | None = None, **params: Any) -> dict[str, Any]:
         """GET /v1... with alpha's write key unless told; the JSON body of a 200."""
@@ -116,7 +121,7 @@ def stack(pg_database: str, stub, tmp_path_factory) -> Iterator[Stack]:  # type:
     }
     worker = start_worker(env, concurrency=4)
     api, url = start_api(env)
-    made = Stack(url=url, env=env, keys=keys, runs={}, stub=stub)
+    made = Stack(url=url, env=env, keys=keys, runs={}, stub=stub, processes=[api, worker])
     try:
         made.runs["retriever_a"] = made.submit(
             evalsets.retriever_a(ITEMS, failing=FAILING), "retriever-a"

@@ -60,6 +60,7 @@ def test_the_key_is_never_in_a_url_a_page_or_a_cookie(stack: Stack, context: Any
     assert cookies and not [c for c in cookies if key in c["value"] or c["value"] in key]
     session = [c for c in cookies if c["httpOnly"]]
     assert session and {c["sameSite"] for c in session} == {"Strict"}
+    assert key not in stack.logs()
 
 
 def test_another_projects_run_is_a_404_like_no_run(stack: Stack, context: Any) -> None:
@@ -98,6 +99,7 @@ def test_a_wrong_key_signs_nobody_in(stack: Stack, context: Any) -> None:
         page.press("input[name=key]", "Enter")
     assert urlsplit(page.url).path == "/signin"
     assert wrong not in page.content()  # not echoed back into the form
+    assert wrong not in stack.logs()
     assert context.request.get(f"{stack.url}/", max_redirects=0).status == 303
 
 

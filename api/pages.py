@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 from urllib.parse import parse_qs, quote, urlencode
@@ -359,20 +360,32 @@ def runs_page(
     )
 
 
+# The run object and the by-metadata table each read all of a run's items (about 110 ms
+# apiece for 100k items on Postgres): a run page reads them at once, on two connections.
+_SCANS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="run-page-scan")
+
+
+def _group_summary(runtime: Runtime, run_id: str, by: str) -> dict[str, dict[str, Any]]:
+    with runtime.database.session() as session:
+        return queries.group_summary(session, run_id, by)
+
+
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 def run_page(request: Request, run_id: str, by: str | None = None) -> Response:
     browser = _reader(request)
     by = _text(by, "by")
     runtime = _runtime(request)
+    groups: Future[dict[str, dict[str, Any]]] | None = None
     with runtime.database.session() as session:
         run = find_run(session, run_id, _project(browser))
         if run is None:
             raise _not_found()
-        view, notice = _run_view(runtime, session, run)
         fields = queries.metadata_fields(session, run.id)
         if by is None and fields:
             by = fields[0]
-        groups = queries.group_summary(session, run.id, by) if fields and by else None
+        if fields and by:
+            groups = _SCANS.submit(_group_summary, runtime, run.id, by)
+        view, notice = _run_view(runtime, session, run)
     if by is not None and by not in fields:
         fields = [*fields, by]
     active = view["status"] in RUN_ACTIVE
@@ -387,7 +400,7 @@ def run_page(request: Request, run_id: str, by: str | None = None) -> Response:
         can_write=_can_write(browser),
         metadata_fields=fields,
         by=by,
-        groups=groups,
+        groups=None if groups is None else groups.result(),
         refresh_seconds=REFRESH_SECONDS if active else None,
     )
 

@@ -81,7 +81,10 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(PageError)
     async def _page_error(request: Request, exc: PageError) -> Response:
-        return _error_page(request, exc.status, exc.title, exc.message)
+        # in a worker thread: the page says who is signed in, which reads the database
+        return await anyio.to_thread.run_sync(
+            _error_page, request, exc.status, exc.title, exc.message
+        )
 
     @app.exception_handler(SignInRequired)
     async def _sign_in(request: Request, exc: SignInRequired) -> Response:

@@ -4,7 +4,7 @@ data attribute as well; these are only for reading."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from recallq.scoring import format_score
@@ -22,8 +22,9 @@ def mean(value: float | None) -> str:
 
 
 def signed(value: float | None) -> str:
+    """A difference with its sign: +0.25, -0.125, 0."""
     text = mean(value)
-    return text if value is None or value < 0 or text.startswith("-") else f"+{text}"
+    return text if value is None or text == "0" or text.startswith("-") else f"+{text}"
 
 
 def cost(value: float | None) -> str:
@@ -37,15 +38,16 @@ def count(value: int | None) -> str:
 
 
 def when(value: str | None) -> str:
-    """An ISO timestamp as `2026-11-30 19:23:05 UTC` (JS shows it in local time)."""
+    """An ISO timestamp as `2026-11-30 19:23:05 UTC` (the pages' script shows it in the
+    reader's zone). A timestamp without a zone is UTC: SQLite hands them back naive."""
     if not value:
         return "–"
     try:
         moment = datetime.fromisoformat(value)
     except ValueError:
         return value
-    zone = " UTC" if moment.utcoffset() is not None and not moment.utcoffset() else ""
-    return moment.strftime("%Y-%m-%d %H:%M:%S") + zone
+    moment = moment.replace(tzinfo=UTC) if moment.tzinfo is None else moment.astimezone(UTC)
+    return moment.strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def percent(part: int, whole: int) -> str:

@@ -240,3 +240,17 @@ def test_the_compare_partial_draws_one_point_per_pair_and_links_changes() -> Non
     assert re.search(
         r'<tr data-item-id="q/1">\s*<td class="mono"><a href="/compare/items/q/1">', html
     )
+
+
+def test_numbers_and_times_read_as_the_api_rounds_them() -> None:
+    from recallq.viewer import formatting
+
+    assert formatting.mean(0.46824) == "0.4682" and formatting.mean(1.0) == "1"
+    assert formatting.mean(None) == "–" and formatting.mean(0.0) == "0"
+    assert formatting.signed(0.25) == "+0.25" and formatting.signed(-0.125) == "-0.125"
+    assert formatting.signed(0.0) == "0" and formatting.signed(None) == "–"
+    assert formatting.score(0.67) == "0.67" and formatting.cost(0.00123) == "$0.0012"
+    # naive timestamps are UTC (SQLite hands them back so)
+    assert formatting.when("2026-11-30T19:25:29.123") == "2026-11-30 19:25:29 UTC"
+    assert formatting.when("2026-11-30T19:25:29+01:00") == "2026-11-30 18:25:29 UTC"
+    assert formatting.when(None) == "–" and formatting.raw(None) == ""

@@ -23,9 +23,11 @@
     });
   });
 
-  // times in the reader's own zone
+  // times in the reader's own zone (a time without a zone is UTC, as the server stores it)
   document.querySelectorAll("time[datetime]").forEach(function (node) {
-    var moment = new Date(node.getAttribute("datetime"));
+    var text = node.getAttribute("datetime");
+    var zoned = /(Z|[+-]\d\d:?\d\d)$/.test(text);
+    var moment = new Date(zoned ? text : text + "Z");
     if (!isNaN(moment.getTime())) {
       node.title = node.textContent;
       node.textContent = moment.toLocaleString();

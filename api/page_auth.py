@@ -7,7 +7,8 @@ RECALLQ_SESSION_SECRET when set). The key itself
 is never in the cookie, a URL, a page or a log. Every request looks the key up by id again, so
 a revoked key's sessions stop at once, and a role or project change applies at once; no
 session state is kept anywhere, so every API process accepts every session and none needs
-Redis.
+Redis. The price: signing out deletes the browser's cookie, but a copy of it stays valid
+until it expires (SESSION_SECONDS) or its key is revoked.
 
 Forms that change something (cancel, retry, sign out) carry a token bound to the cookie (an
 HMAC of it); a POST without it, with another, or from another origin is refused. With

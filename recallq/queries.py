@@ -707,7 +707,7 @@ def _flip_counts(session: Session, paired: _Paired) -> dict[str, int]:
     database joins the claims on their text and counts, per direction."""
     b, c = paired.base, paired.candidate
     base_claim, candidate_claim = aliased(Claim), aliased(Claim)
-    opposite = case((base_claim.verdict == "yes", "no"), else_="yes")
+    verdicts = ("yes", "no")
     no_to_yes, yes_to_no = session.execute(
         paired.select(
             func.count().filter(base_claim.verdict == "no"),
@@ -716,13 +716,17 @@ def _flip_counts(session: Session, paired: _Paired) -> dict[str, int]:
         .join(base_claim, base_claim.item_id == b.id)
         .join(
             candidate_claim,
-            and_(
-                candidate_claim.item_id == c.id,
-                candidate_claim.text == base_claim.text,
-                candidate_claim.verdict == opposite,
-            ),
+            and_(candidate_claim.item_id == c.id, candidate_claim.text == base_claim.text),
         )
-        .where(paired.scored, base_claim.verdict.in_(("yes", "no")))
+        # the verdicts' inequality as a filter, not a join condition: with it in the join,
+        # Postgres misjudges how few claims it matches and joins every claim of both runs
+        # on its text before pairing the items (1 s instead of 0.3 s)
+        .where(
+            paired.scored,
+            base_claim.verdict.in_(verdicts),
+            candidate_claim.verdict.in_(verdicts),
+            candidate_claim.verdict != base_claim.verdict,
+        )
     ).one()
     return {"no_to_yes": no_to_yes, "yes_to_no": yes_to_no}
 

@@ -47,7 +47,6 @@ __all__ = [
     "bootstrap_interval",
     "compare",
     "even_positions",
-    "flip_counts",
     "flipped_claims",
     "group_name",
     "mean_interval",
@@ -191,7 +190,7 @@ def pair(
             )
             for b, c in largest
         ],
-        claims_flipped=flip_counts((b.claim_verdicts(), c.claim_verdicts()) for b, c in pairs),
+        claims_flipped=_flip_counts((b.claim_verdicts(), c.claim_verdicts()) for b, c in pairs),
     )
 
 
@@ -303,7 +302,7 @@ def flipped_claims(base: Claims, candidate: Claims) -> list[dict[str, str]]:
     ]
 
 
-def flip_counts(pairs: Iterable[tuple[Claims, Claims]]) -> dict[str, int]:
+def _flip_counts(pairs: Iterable[tuple[Claims, Claims]]) -> dict[str, int]:
     """Flipped claims over these pairs of items: ``no_to_yes`` and ``yes_to_no``."""
     counts = {"no_to_yes": 0, "yes_to_no": 0}
     for base, candidate in pairs:

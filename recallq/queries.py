@@ -581,14 +581,14 @@ def compare_runs(
             f"the runs have different scales ({base.scale:g} and {candidate.scale:g}); "
             "compare runs scored on one scale"
         )
-    pairing = pair_runs(session, base.id, candidate.id, scale=base.scale, top=top, by=by)
+    pairing = _pair_runs(session, base.id, candidate.id, scale=base.scale, top=top, by=by)
     result = ab.summarise(pairing, scale=base.scale, by_group=by is not None)
     if pairs:
-        result["pairs"] = _pair_sample(session, base.id, candidate.id, pairing, pairs)
+        result["pairs"] = _pair_sample(_Paired(session, base.id, candidate.id), pairing, pairs)
     return {**result, "base_run": _run_brief(base), "candidate_run": _run_brief(candidate)}
 
 
-def pair_runs(
+def _pair_runs(
     session: Session,
     base_id: str,
     candidate_id: str,
@@ -732,12 +732,11 @@ def _flip_counts(session: Session, paired: _Paired) -> dict[str, int]:
 
 
 def _pair_sample(
-    session: Session, base_id: str, candidate_id: str, pairing: ab.Pairing, limit: int
+    paired: _Paired, pairing: ab.Pairing, limit: int
 ) -> list[tuple[str, float, float]]:
     """Up to `limit` of the scored pairs, an even sample in key order (ab.even_positions)."""
     if pairing.keyed is not None and len(pairing.keyed) <= limit:
         return sorted(pairing.keyed)
-    paired = _Paired(session, base_id, candidate_id)
     b, c = paired.base, paired.candidate
     numbered = (
         paired.select(
@@ -751,7 +750,7 @@ def _pair_sample(
     )
     total = sum(s.count for s in pairing.scores)
     positions = ab.even_positions(total, limit)
-    rows = session.execute(
+    rows = paired.session.execute(
         select(numbered.c.key, numbered.c.score, numbered.c.candidate_score)
         .where(numbered.c.position.in_(positions))
         .order_by(numbered.c.position)

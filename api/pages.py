@@ -35,6 +35,7 @@ from recallq.models import Run
 from recallq.runtime import Runtime
 from recallq.status import RUN_ACTIVE
 from recallq.store import RunCancelledError, RunNotFound
+from recallq.viewer.figures import MAX_SCATTER_POINTS
 
 log = logging.getLogger(__name__)
 router = APIRouter(include_in_schema=False)
@@ -585,7 +586,7 @@ def compare_page(
             base_run, candidate_run = _two_runs(session, project, base, candidate)
             try:
                 result = queries.compare_runs(
-                    session, base_run, candidate_run, top=COMPARE_TOP, pairs=True
+                    session, base_run, candidate_run, top=COMPARE_TOP, pairs=MAX_SCATTER_POINTS
                 )
             except queries.IncomparableRuns as exc:
                 raise _bad_request(str(exc)) from None
@@ -617,11 +618,8 @@ def compare_page(
     )
 
 
-def _scores_of(item: dict[str, Any] | None) -> ab.ItemScores | None:
-    if item is None:
-        return None
-    claims = {c["text"]: c["verdict"] for c in item["claims"] if c["verdict"] is not None}
-    return ab.ItemScores(item["id"], item["score"], claims)
+def _verdicts(item: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(c["text"], c["verdict"]) for c in item["claims"] if c["verdict"] is not None]
 
 
 @router.get("/compare/items/{item_id:path}", response_class=HTMLResponse)
@@ -638,10 +636,10 @@ def compare_item_page(
         if base_item is None and candidate_item is None:
             raise _not_found("item")
         base_view, candidate_view = _run_brief(base_run), _run_brief(candidate_run)
-    base_scores, candidate_scores = _scores_of(base_item), _scores_of(candidate_item)
     flipped: set[str] = set()
-    if base_scores is not None and candidate_scores is not None:
-        flipped = {flip["claim"] for flip in ab.flipped_claims(base_scores, candidate_scores)}
+    if base_item is not None and candidate_item is not None:
+        flips = ab.flipped_claims(_verdicts(base_item), _verdicts(candidate_item))
+        flipped = {flip["claim"] for flip in flips}
     return _render(
         request,
         browser,

@@ -91,6 +91,13 @@ class Item(Base):
         Index("ix_items_run_status_idx", "run_id", "status", "idx"),
         # the web pages' items table by score (migration 0007)
         Index("ix_items_run_score_idx", "run_id", "score", "idx"),
+        # two runs compared: items paired by key, read from the index alone (migration 0008)
+        Index(
+            "ix_items_run_key_scores",
+            "run_id",
+            "key",
+            postgresql_include=["status", "score", "id"],
+        ),
         # the reaper's scan for items whose worker vanished
         Index("ix_items_status_lease", "status", "lease_until"),
     )

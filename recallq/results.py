@@ -117,7 +117,7 @@ def _item_scores(items: Iterable[dict[str, Any]]) -> list[ab.ItemScores]:
         ab.ItemScores(
             item["id"],
             item["score"] if item["status"] == "succeeded" else None,
-            {c["text"]: c["verdict"] for c in item["claims"] if c["verdict"] is not None},
+            [(c["text"], c["verdict"]) for c in item["claims"] if c["verdict"] is not None],
             item.get("metadata"),
         )
         for item in items

@@ -13,6 +13,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from recallq.compare import even_positions
+
 #: Scatter points drawn at most; above this the pairs are thinned evenly (the page says so).
 MAX_SCATTER_POINTS = 2_000
 
@@ -100,15 +102,17 @@ class Scatter:
     scale: float
 
 
-def scatter(pairs: Sequence[tuple[str, float, float]], scale: float) -> Scatter:
+def scatter(
+    pairs: Sequence[tuple[str, float, float]], scale: float, total: int | None = None
+) -> Scatter:
     """Points of (key, base score, candidate score) pairs: base across, candidate up. Above
-    MAX_SCATTER_POINTS pairs, an even sample of them in key order (the same every time). Each
-    point is nudged by a small offset derived from its key, so the many items sharing a score
-    (scores are rounded) show as a cloud rather than one dot."""
+    MAX_SCATTER_POINTS pairs, an even sample of them in key order (the same every time);
+    `total` says how many pairs there are when `pairs` is already such a sample
+    (recallq.queries.compare_runs). Each point is nudged by a small offset derived from its
+    key, so the many items sharing a score (scores are rounded) show as a cloud rather than
+    one dot."""
     ordered = sorted(pairs)
-    if len(ordered) > MAX_SCATTER_POINTS:
-        step = len(ordered) / MAX_SCATTER_POINTS
-        ordered = [ordered[int(i * step)] for i in range(MAX_SCATTER_POINTS)]
+    ordered = [ordered[i] for i in even_positions(len(ordered), MAX_SCATTER_POINTS)]
     plot = SCATTER_SIZE - 2 * _MARGIN
     points = []
     for key, base, candidate in ordered:
@@ -122,7 +126,7 @@ def scatter(pairs: Sequence[tuple[str, float, float]], scale: float) -> Scatter:
                 candidate=candidate,
             )
         )
-    return Scatter(SCATTER_SIZE, _MARGIN, points, len(pairs), scale)
+    return Scatter(SCATTER_SIZE, _MARGIN, points, len(pairs) if total is None else total, scale)
 
 
 def _jitter(key: str, spread: float = 6.0) -> tuple[float, float]:

@@ -229,7 +229,7 @@ def test_the_compare_partial_draws_one_point_per_pair_and_links_changes() -> Non
     }
     html = _render(
         '{% import "partials/compare.html" as c %}{{ c.compare_summary(result) }}'
-        "{{ c.scatter_plot(result, 1.0) }}{{ c.largest_changes(result, item_url=url) }}",
+        "{{ c.scatter_plot(result.pairs, 1.0) }}{{ c.largest_changes(result, item_url=url) }}",
         result=result,
         url=lambda key: "/compare/items/" + key,
     )

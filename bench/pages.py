@@ -3,9 +3,9 @@
 Two completed runs of the same 100k items (about 3 claims each, metadata, 1% failed) are
 written straight into a fresh Postgres database with COPY, as the workers would have left
 them (scoring 100k items for real takes half an hour: the `big` section does that), then
-VACUUM ANALYZEd as autovacuum would soon after such a load. The API serves them (keys off, as every
-bench section runs); each page and its /v1 twin is requested over HTTP, warmed up, then timed
-(median and p95), against the issue's bound of 300 ms.
+VACUUM ANALYZEd as autovacuum would soon after such a load. The API serves them (keys off, as
+every bench section runs); each page and its /v1 twin is requested over HTTP, warmed up, then
+timed (median and p95), against the issue's bound of 300 ms.
 """
 
 from __future__ import annotations

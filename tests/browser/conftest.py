@@ -95,7 +95,8 @@ class Stack:
 
 
 @pytest.fixture(scope="package")
-def stack(pg_database: str, stub, tmp_path_factory) -> Iterator[Stack]:  # type: ignore[no-untyped-def]
+def stack(browser, pg_database: str, stub, tmp_path_factory) -> Iterator[Stack]:  # type: ignore[no-untyped-def]
+    """The stack, started once the browser is known to be there (else every test skips)."""
     from tests.services import write_models_file
 
     stub.reset()

@@ -73,7 +73,8 @@ def read(session: Session, keys: Collection[str]) -> dict[str, Any]:
         return {}
     query = select(KeptView.key, KeptView.body).where(KeptView.key.in_(keys))
     try:
-        rows = _apart(session, lambda conn: conn.execute(query).all())
+        with session.begin_nested():  # a failure rolls back to here, not the whole session
+            rows = session.execute(query).all()
     except SQLAlchemyError:
         log.warning("kept views: reading failed; computing", exc_info=True)
         return {}
@@ -125,9 +126,10 @@ def get_or_compute(
 
 
 def _apart(session: Session, work: Callable[[Connection], _T]) -> _T:
-    """Run `work` outside the session's transaction, so that an error cannot spoil it: on
-    Postgres in a short transaction of its own; on SQLite, where the session's transaction
-    holds the only write lock (recallq.db begins each one IMMEDIATE), in a savepoint of it."""
+    """Run `work` apart from the session's transaction, so that an error cannot spoil it: on
+    Postgres in a short transaction of its own (the view's row locks are not held until the
+    session ends); on SQLite, where the session's transaction holds the only write lock
+    (recallq.db begins each one IMMEDIATE), in a savepoint of it."""
     bind = session.get_bind()
     if isinstance(bind, Engine) and bind.dialect.name == "postgresql":
         with bind.begin() as conn:

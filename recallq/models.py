@@ -1,6 +1,6 @@
 """Tables: runs, their items, one row per extracted claim with its verdict, the claim cache,
-the API keys that say which project a request acts in, and the provider batches of
-batch-mode runs with their request lines."""
+the kept views of completed runs, the API keys that say which project a request acts in, and
+the provider batches of batch-mode runs with their request lines."""
 
 from __future__ import annotations
 
@@ -161,6 +161,21 @@ class ClaimCache(Base):
 
     key: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 hex
     claims: Mapped[list[str]] = mapped_column(JSON)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class KeptView(Base):
+    """A view of completed runs (a run object's aggregates, a group summary, a comparison),
+    computed once and kept by recallq.kept: a completed run's items no longer change."""
+
+    __tablename__ = "kept_views"
+
+    key: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 hex
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), index=True)
+    other_run_id: Mapped[str | None] = mapped_column(
+        ForeignKey("runs.id", ondelete="CASCADE"), index=True
+    )
+    body: Mapped[Any] = mapped_column(JSON)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -29,6 +29,7 @@ from sqlalchemy import text as sql
 from sqlalchemy.orm import Session, aliased, defer
 
 from recallq import compare as ab
+from recallq import kept
 from recallq.batch_store import run_lane_view
 from recallq.db import Database
 from recallq.groups import GroupedItem, summarise_groups
@@ -122,10 +123,35 @@ def _usage(calls: Any, prompt: Any, completion: Any, cost: Any) -> _StageUsage:
     return _StageUsage(int(calls), int(prompt), int(completion), float(cost))
 
 
-def _view(session: Session, run: Run, row: Sequence[Any] | None, details: bool) -> dict[str, Any]:
+@dataclass(frozen=True)
+class _Aggregates:
+    """What a run object derives from the run's items: the row of _aggregate_columns and, with
+    details, the failures by error. Kept for a completed run (recallq.kept)."""
+
+    row: Sequence[Any]
+    failures: list[dict[str, Any]] | None
+
+    def body(self) -> dict[str, Any]:
+        return {"row": list(self.row), "failures": self.failures}
+
+    @classmethod
+    def of(cls, body: dict[str, Any]) -> _Aggregates:
+        return cls(body["row"], body["failures"])
+
+
+def _aggregates(
+    session: Session, run: Run, row: Sequence[Any] | None, details: bool
+) -> _Aggregates:
     if row is None:  # a run without items (none is stored, but a view must not fail)
         empty: tuple[Any, ...] = (0,) * len(_STATUSES) + (None,)
         row = empty + (0, None) + (0,) * (15 + HISTOGRAM_BUCKETS * details)
+    failed = row[_STATUSES.index(ItemStatus.FAILED)]
+    failures = (_failures(session, run.id) if failed else []) if details else None
+    return _Aggregates(row, failures)
+
+
+def _view(session: Session, run: Run, aggregates: _Aggregates, details: bool) -> dict[str, Any]:
+    row = aggregates.row
     counts = dict(zip(_STATUSES, row[: len(_STATUSES)], strict=True))
     totals = row[len(_STATUSES) :]
     mean, scored, mean_square, no_truth, claims_total, claims_attributed = totals[:6]
@@ -189,33 +215,52 @@ def _view(session: Session, run: Run, row: Sequence[Any] | None, details: bool) 
     lane = run_lane_view(session, run, view["usage"])
     view["usage"].update(lane["usage"])
     view["batch"] = lane["batch"]
-    if details:
-        view["failures"] = _failures(session, run.id) if failed else []
+    if aggregates.failures is not None:
+        view["failures"] = aggregates.failures
     return view
 
 
 def run_view(session: Session, run: Run, details: bool = True) -> dict[str, Any]:
     """The run object of the contract, plus `summary.no_ground_truth` and, with `details`,
     `summary.histogram` and `failures` (failed items grouped by error). Progress polls of a
-    process that prints the details at the end pass details=False: a quarter less work."""
-    row = session.execute(
-        select(*_aggregate_columns(run.scale, details)).where(Item.run_id == run.id)
-    ).one()
-    return _view(session, run, row, details)
+    process that prints the details at the end pass details=False: a quarter less work. What
+    it derives from a completed run's items is kept (recallq.kept)."""
+
+    def aggregate() -> dict[str, Any]:
+        row = session.execute(
+            select(*_aggregate_columns(run.scale, details)).where(Item.run_id == run.id)
+        ).one()
+        return _aggregates(session, run, row, details).body()
+
+    body = kept.get_or_compute(session, "run", [run], aggregate, details=details)
+    return _view(session, run, _Aggregates.of(body), details)
 
 
 def run_views(session: Session, runs: Sequence[Run]) -> list[dict[str, Any]]:
-    """The views of several runs, their items read in one grouped scan."""
+    """The views of several runs: those kept read back, the others' items read in one grouped
+    scan (and kept, for completed runs)."""
     if not runs:
         return []
-    rows = session.execute(
-        select(Item.run_id, *_aggregate_columns(Run.scale, details=True))
-        .join(Run, Run.id == Item.run_id)
-        .where(Item.run_id.in_([run.id for run in runs]))
-        .group_by(Item.run_id)
-    ).all()
-    found = {row[0]: row[1:] for row in rows}
-    return [_view(session, run, found.get(run.id), details=True) for run in runs]
+    keys = {run.id: kept.key("run", [run], details=True) for run in runs}
+    found = kept.read(session, [key for key in keys.values() if key is not None])
+    bodies = {run.id: found[key] for run in runs if (key := keys[run.id]) in found}
+    computing = [run for run in runs if run.id not in bodies]
+    if computing:
+        rows = session.execute(
+            select(Item.run_id, *_aggregate_columns(Run.scale, details=True))
+            .join(Run, Run.id == Item.run_id)
+            .where(Item.run_id.in_([run.id for run in computing]))
+            .group_by(Item.run_id)
+        ).all()
+        scanned = {row[0]: row[1:] for row in rows}
+        keeping: list[kept.View] = []
+        for run in computing:
+            body = kept.as_json(_aggregates(session, run, scanned.get(run.id), True).body())
+            bodies[run.id] = body
+            if (key := keys[run.id]) is not None:
+                keeping.append(kept.View(key, run.id, None, body))
+        kept.keep(session, keeping)
+    return [_view(session, run, _Aggregates.of(bodies[run.id]), True) for run in runs]
 
 
 # --- runs, newest first ----------------------------------------------------------------------
@@ -575,16 +620,25 @@ def compare_runs(
 
     The database pairs the items and counts: a 100k-item comparison reads a few hundred rows
     (pairs counted by their two scores, the largest changes, the flipped claims' totals), not
-    every item and claim of both runs."""
+    every item and claim of both runs; a comparison of two completed runs is kept
+    (recallq.kept)."""
     if base.scale != candidate.scale:
         raise IncomparableRuns(
             f"the runs have different scales ({base.scale:g} and {candidate.scale:g}); "
             "compare runs scored on one scale"
         )
-    pairing = _pair_runs(session, base.id, candidate.id, scale=base.scale, top=top, by=by)
-    result = ab.summarise(pairing, scale=base.scale, by_group=by is not None)
-    if pairs:
-        result["pairs"] = _pair_sample(_Paired(session, base.id, candidate.id), pairing, pairs)
+
+    def compare() -> dict[str, Any]:
+        pairing = _pair_runs(session, base.id, candidate.id, scale=base.scale, top=top, by=by)
+        result = ab.summarise(pairing, scale=base.scale, by_group=by is not None)
+        if pairs:
+            paired = _Paired(session, base.id, candidate.id)
+            result["pairs"] = _pair_sample(paired, pairing, pairs)
+        return result
+
+    result = kept.get_or_compute(
+        session, "compare", [base, candidate], compare, by=by, top=top, pairs=pairs
+    )
     return {**result, "base_run": _run_brief(base), "candidate_run": _run_brief(candidate)}
 
 
@@ -762,15 +816,22 @@ def group_summary(session: Session, run_id: str, by: str) -> dict[str, dict[str,
     """The run's items by the value of metadata field `by` (recallq.groups). The database
     counts alike items (same field value, status and score: scores are rounded, so a run has
     few distinct ones) and recallq.groups names and sums them, so a 100k-item run moves a few
-    hundred rows, not 100k."""
-    value, metadata = _metadata_field(session, Item, by)
-    rows = session.execute(
-        select(value, Item.status, Item.score, func.count())
-        .where(Item.run_id == run_id)
-        .group_by(value, Item.status, Item.score)
-    )
-    alike = (GroupedItem(status, score, metadata(raw), n) for raw, status, score, n in rows)
-    return summarise_groups(alike, by)
+    hundred rows, not 100k. A completed run's summary is kept (recallq.kept)."""
+
+    def summarise() -> dict[str, dict[str, Any]]:
+        value, metadata = _metadata_field(session, Item, by)
+        rows = session.execute(
+            select(value, Item.status, Item.score, func.count())
+            .where(Item.run_id == run_id)
+            .group_by(value, Item.status, Item.score)
+        )
+        alike = (GroupedItem(status, score, metadata(raw), n) for raw, status, score, n in rows)
+        return summarise_groups(alike, by)
+
+    run = session.get(Run, run_id)
+    if run is None:
+        return summarise()
+    return kept.get_or_compute(session, "groups", [run], summarise, by=by)
 
 
 def _no_metadata(_raw: str | None) -> dict[str, Any] | None:

@@ -15,7 +15,16 @@ from recallq import migrate
 from recallq.models import Base
 from tests.services import PostgresDatabase
 
-TABLES = {"runs", "items", "claims", "claim_cache", "api_keys", "provider_batches", "batch_lines"}
+TABLES = {
+    "runs",
+    "items",
+    "claims",
+    "claim_cache",
+    "kept_views",
+    "api_keys",
+    "provider_batches",
+    "batch_lines",
+}
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])

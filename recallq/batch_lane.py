@@ -109,13 +109,16 @@ class BatchLane:
         models: Mapping[str, ModelConfig],
         settings: Settings,
         api_for: Callable[[ModelConfig], BatchAPI] | None = None,
+        completed: Callable[[str], None] = lambda run_id: None,
     ) -> None:
-        """`api_for` builds a model's provider Batch API (default: through litellm)."""
+        """`api_for` builds a model's provider Batch API (default: through litellm);
+        `completed` is told of each run the lane completes."""
         self.store = store
         self.items = items
         self.runs = runs
         self.models = models
         self.settings = settings
+        self.completed = completed
         self.interval = settings.batch_poll_interval
         self._api_for = api_for or _litellm_api(settings.request_timeout)
         self._apis: dict[str, BatchAPI] = {}
@@ -143,7 +146,8 @@ class BatchLane:
             for run in self.store.running_runs():
                 report.adopted += self.plan(run)
                 report.batches_created += self.send(run)
-                self.runs.complete_if_done(run.id)
+                if self.runs.complete_if_done(run.id):
+                    self.completed(run.id)
         return report
 
     # --- planning: an item's first request ----------------------------------------------------

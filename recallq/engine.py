@@ -21,7 +21,7 @@ import json
 import logging
 import time
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
@@ -85,10 +85,12 @@ class Engine:
         owners: Owners,
         retry_deadline: float,
         pack_tokens: int,
+        completed: Callable[[str], None] = lambda run_id: None,
     ) -> None:
         """`retry_deadline`: how long an item of a run that sets none may wait out a provider
         incident before it fails. `pack_tokens`: about how many tokens of ground truths one
-        packed extraction call carries at most."""
+        packed extraction call carries at most. `completed` is told of each run this engine
+        completes."""
         self.items = items
         self.runs = runs
         self.judges = judges
@@ -96,6 +98,7 @@ class Engine:
         self.owners = owners
         self.retry_deadline = retry_deadline
         self.pack_tokens = pack_tokens
+        self.completed = completed
 
     def dispatch(self, run_id: str) -> int:
         """Start a run, or top up its window of queued items. Safe to call again at any time."""
@@ -103,7 +106,7 @@ class Engine:
         if released:
             self.queue.send_items(released)
         elif released is not None:
-            self.runs.complete_if_done(run_id)
+            self._complete_if_done(run_id)
         return len(released or ())
 
     def take(self, item_id: int) -> StageOutcome:
@@ -181,7 +184,11 @@ class Engine:
         if outcome.released:
             self.queue.send_items(outcome.released)
         else:
-            self.runs.complete_if_done(outcome.run_id)
+            self._complete_if_done(outcome.run_id)
+
+    def _complete_if_done(self, run_id: str) -> None:
+        if self.runs.complete_if_done(run_id):
+            self.completed(run_id)
 
     # --- internals --------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ tells the modes apart. Tests build their own runtime with their own settings and
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -45,6 +46,8 @@ from recallq.retry import RetryPolicy
 from recallq.settings import Settings
 from recallq.status import RUN_ACTIVE
 from recallq.store import BatchedItemStore, ItemStore, RunStore, stores_for
+
+log = logging.getLogger(__name__)
 
 
 class LocalOwners:
@@ -199,7 +202,20 @@ class Runtime:
             owners,
             self.settings.retry_deadline,
             self.settings.extraction_pack_tokens,
+            completed=self.keep_views,
         )
+
+    def keep_views(self, run_id: str) -> None:
+        """A run has just completed: compute its run object now and keep it (recallq.kept), so
+        the first page or poll that reads it does not pay for a scan of all its items. Only an
+        optimisation: a failure here is logged, and the view is computed when first read."""
+        try:
+            with self.database.session() as session:
+                run = session.get(Run, run_id)
+                if run is not None:
+                    queries.run_view(session, run)
+        except Exception:  # noqa: BLE001  (the run has completed; this must not undo a task)
+            log.warning("could not keep the view of completed run %s", run_id, exc_info=True)
 
     def _limiter_for(self, model: ModelConfig) -> RateLimiter:
         if self.redis is None or not (model.rpm or model.tpm):
@@ -255,6 +271,7 @@ class Runtime:
             self.runs,
             self.models,
             self.settings,
+            completed=self.keep_views,
         )
 
     def retention(self) -> Retention:

@@ -221,3 +221,21 @@ def test_a_view_that_cannot_be_kept_is_still_read(database: Database) -> None:
     with database.session() as session:
         listed, _ = queries.list_runs(session, PROJECT)
     assert listed == [expected[0]]
+
+
+def test_the_process_that_completes_a_run_keeps_its_view(database: Database) -> None:
+    """The first reader of a completed run finds its view kept: the engine that completed the
+    run had it computed (workers and the batch lane complete runs through the same runtime)."""
+    from recallq.local import local_runtime
+    from recallq.settings import Settings
+
+    run_id = _store(database, "running", [1.0, 0.5])  # every item ended: the run is done
+    runtime, runner = local_runtime(Settings(database_url=database.url), 1)
+    try:
+        runtime.engine.dispatch(run_id)
+    finally:
+        runner.stop(wait=True)
+        runtime.close()
+    assert _kept(database, run_id) == 1  # nobody has read it yet
+    _tamper(database)
+    assert _views(database, run_id)[0]["failures"] == [{"error": "kept", "count": 0}]

@@ -121,6 +121,8 @@ def test_run_through_api_and_worker(services, clean_stub) -> None:  # type: igno
     assert run["usage"]["prompt_tokens"] > 0 and run["usage"]["completion_tokens"] > 0
     assert run["summary"] == {
         "mean_score": round((1 + 0.67 + 0 + 0 + 1) / 5, 4),
+        # mean ± 1.96 sd/√5, with sd over the five scores (dividing by n): 0.534 ± 0.3965
+        "mean_ci95": [0.1375, 0.9305],
         "scored_items": 5,
         "claims_total": 2 + 3 + 0 + 1 + 1,
         "claims_attributed": 2 + 2 + 0 + 0 + 1,

@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import parse_qs, quote, urlencode
 
 import anyio.to_thread
@@ -38,6 +38,7 @@ from recallq.store import RunCancelledError, RunNotFound
 from recallq.viewer.figures import MAX_SCATTER_POINTS
 
 log = logging.getLogger(__name__)
+_Cursor = TypeVar("_Cursor")
 router = APIRouter(include_in_schema=False)
 STATIC_URL = "/ui-static"
 RUNS_PAGE = 25
@@ -214,6 +215,17 @@ def _choice(value: str | None, name: str, allowed: tuple[str, ...]) -> str | Non
     return value
 
 
+def _cursor(value: str | None, decode: Callable[[str], _Cursor]) -> _Cursor | None:
+    """A page link's cursor, decoded; None for the first page."""
+    text = _text(value, "cursor")
+    if text is None:
+        return None
+    try:
+        return decode(text)
+    except ValueError:
+        raise _bad_request("that page link is not one this site made") from None
+
+
 def _score_bound(value: str | None, name: str, scale: float) -> float | None:
     if value is None or value.strip() == "":
         return None
@@ -336,12 +348,7 @@ def runs_page(
     browser = _reader(request)
     status = _choice(status, "status", RUN_STATUSES)
     name = _text(name, "name")
-    after = None
-    if cursor:
-        try:
-            after = queries.decode_run_cursor(_text(cursor, "cursor") or "")
-        except ValueError:
-            raise _bad_request("that page link is not one this site made") from None
+    after = _cursor(cursor, queries.decode_run_cursor)
     runtime = _runtime(request)
     with runtime.database.session() as session:
         runs, next_cursor = queries.list_runs(
@@ -493,12 +500,7 @@ def items_page(
             text=_text(q, "q"),
             sort=_choice(sort, "sort", ("score", "-score")),
         )
-        after = None
-        if cursor:
-            try:
-                after = queries.decode_items_cursor(_text(cursor, "cursor") or "")
-            except ValueError:
-                raise _bad_request("that page link is not one this site made") from None
+        after = _cursor(cursor, queries.decode_items_cursor)
         table = queries.items_table(session, run.id, where, ITEMS_PAGE, after)
     base = f"/runs/{quote(run.id, safe='')}/items"
     query = {

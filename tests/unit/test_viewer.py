@@ -196,6 +196,29 @@ def test_the_claims_partial_marks_verdicts_and_supporting_spans() -> None:
     assert "&lt;big&gt;" in html and "a&lt;b" in html
 
 
+def test_claims_of_an_item_that_failed_before_attribution_read_not_judged() -> None:
+    item = {
+        "id": "q",
+        "index": 0,
+        "status": "failed",
+        "score": None,
+        "claims_total": 1,
+        "claims_attributed": 0,
+        "reason": None,
+        "error": "BadRequestError: context window exceeded",
+        "claims": [
+            {"index": 0, "text": "c", "verdict": None, "context_indices": [], "reason": None}
+        ],
+        "context": [],
+    }
+    html = _render('{% import "partials/item.html" as i %}{{ i.claims(item) }}', item=item)
+    assert 'data-verdict="pending"' in html
+    assert '<span class="verdict">not judged</span>' in html
+    item["status"] = "running"
+    html = _render('{% import "partials/item.html" as i %}{{ i.claims(item) }}', item=item)
+    assert '<span class="verdict">pending</span>' in html
+
+
 def test_assets_ship_in_the_package_and_load_nothing_from_elsewhere() -> None:
     assert "font:" in stylesheet()
     for text in (stylesheet(), static_file("viewer.js")):

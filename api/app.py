@@ -70,6 +70,12 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
             "without a key. Anyone who can reach %s can read, submit and delete runs.",
             "this API",
         )
+    elif not settings.session_secret:
+        log.warning(
+            "RECALLQ_SESSION_SECRET is not set: web page sessions are signed with the keys' "
+            "stored hashes alone, so a copy of the api_keys table could forge one. Set it to a "
+            "long random string, the same for every API process."
+        )
     log.info("database %s", redact_url(settings.database_url))
     errors.install(app)
     _allow_header_on_405(app)

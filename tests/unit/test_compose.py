@@ -52,6 +52,8 @@ def test_no_open_api_and_no_password_in_the_file() -> None:
     assert password.startswith("${POSTGRES_PASSWORD"), password
     url = compose["x-recallq-env"]["RECALLQ_DATABASE_URL"]
     assert ":${POSTGRES_PASSWORD" in url
+    secret = compose["x-recallq-env"]["RECALLQ_SESSION_SECRET"]  # web sessions: not forgeable
+    assert secret.startswith("${RECALLQ_SESSION_SECRET:?"), secret  # from a copy of the keys
     for service in services.values():  # keys required: the default, nowhere turned off
         assert "RECALLQ_AUTH" not in (service.get("environment") or {})
     assert "RECALLQ_AUTH" not in compose["x-recallq-env"]

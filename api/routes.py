@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 import anyio.to_thread
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import AfterValidator
 from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.orm import Session
@@ -367,8 +368,19 @@ ItemData = Annotated[
     bool,
     Query(description="with each item's input, output, ground_truth, context and metadata"),
 ]
+
+
+def _plain_text(value: str | None) -> str | None:
+    """A parameter the database will compare as text: no NUL, no lone surrogate (a 422)."""
+    if value is not None and (problem := inputs.text_problem(value)) is not None:
+        raise ValueError(f"contains {problem}")
+    return value
+
+
 MetadataField = Annotated[
-    str | None, Query(max_length=200, description="a metadata field: results per its value")
+    str | None,
+    Query(max_length=200, description="a metadata field: results per its value"),
+    AfterValidator(_plain_text),
 ]
 
 

@@ -41,7 +41,8 @@ def _local_run(database: Path, project: str, items: list[dict[str, Any]], **run:
         run_id = ingest.create_run(session, runtime.runs, spec, items, settings).id
     view = local.process(runtime, runner, run_id, progress=False)
     with runtime.database.session() as session:
-        stored = [i.contexts for i in session.scalars(select(Item).where(Item.run_id == run_id))]
+        rows = session.scalars(select(Item).where(Item.run_id == run_id).order_by(Item.idx))
+        stored = [row.contexts for row in rows]
     runtime.close()
     return {**view, "stored_contexts": stored}
 

@@ -388,9 +388,7 @@ def run_page(request: Request, run_id: str, by: str | None = None) -> Response:
     runtime = _runtime(request)
     groups: Future[dict[str, dict[str, Any]]] | None = None
     with runtime.database.session() as session:
-        run = find_run(session, run_id, _project(browser))
-        if run is None:
-            raise _not_found()
+        run = _run_or_404(session, browser, run_id)
         fields = queries.metadata_fields(session, run.id)
         if by is None and fields:
             by = fields[0]
@@ -490,9 +488,7 @@ def items_page(
     browser = _reader(request)
     runtime = _runtime(request)
     with runtime.database.session() as session:
-        run = find_run(session, run_id, _project(browser))
-        if run is None:
-            raise _not_found()
+        run = _run_or_404(session, browser, run_id)
         where = queries.ItemFilter(
             status=_choice(status, "status", ITEM_STATUSES),
             min_score=_score_bound(min_score, "min_score", run.scale),
@@ -537,9 +533,7 @@ def item_page(request: Request, run_id: str, item_id: str) -> Response:
     browser = _reader(request)
     runtime = _runtime(request)
     with runtime.database.session() as session:
-        run = find_run(session, run_id, _project(browser))
-        if run is None:
-            raise _not_found()
+        run = _run_or_404(session, browser, run_id)
         item = queries.get_item(session, run.id, item_id) if plausible_id(item_id) else None
         if item is None:
             raise _not_found("item")
@@ -561,6 +555,14 @@ def _run_choices(session: Session, project: str) -> list[dict[str, Any]]:
         {"id": run_id, "name": name, "created_at": created.isoformat()}
         for run_id, name, created in rows
     ]
+
+
+def _run_or_404(session: Session, browser: Browser, run_id: str) -> Run:
+    """The browser's project's run; another project's is the same 404 page as none."""
+    run = find_run(session, run_id, _project(browser))
+    if run is None:
+        raise _not_found()
+    return run
 
 
 def _two_runs(

@@ -13,7 +13,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
@@ -326,18 +326,21 @@ def write_report(
 def _scores(backend: Backend, run_id: str) -> dict[str, tuple[int, float]]:
     """Item id -> (index, score) of a run's scored items."""
     scores = {}
-    rest = b""  # chunks of a stream end anywhere, lines too
-    for chunk in backend.results(run_id, "jsonl", item_data=False):
-        *lines, rest = (rest + chunk).split(b"\n")
-        for line in lines:
-            item = json.loads(line)
-            if item["score"] is not None:
-                scores[item["id"]] = (item["index"], item["score"])
-    if rest.strip():
-        item = json.loads(rest)
+    for line in _lines(backend.results(run_id, "jsonl", item_data=False)):
+        item = json.loads(line)
         if item["score"] is not None:
             scores[item["id"]] = (item["index"], item["score"])
     return scores
+
+
+def _lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
+    """The non-blank lines of a stream whose chunks end anywhere."""
+    rest = b""
+    for chunk in chunks:
+        *lines, rest = (rest + chunk).split(b"\n")
+        yield from (line for line in lines if line.strip())
+    if rest.strip():
+        yield rest
 
 
 def gate(args: argparse.Namespace) -> int:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -350,8 +351,15 @@ def explain(exc: BaseException) -> str | None:
     if isinstance(exc, DBAPIError):
         from recallq.settings import Settings
 
-        reason = " ".join(str(exc.orig).split()) if exc.orig is not None else str(exc)
-        hint = "; create it first" if "does not exist" in reason else ""
+        # Postgres quotes the statement under the message ("LINE 1: ..."): not for a user
+        message = str(exc.orig).split("\nLINE ")[0] if exc.orig is not None else str(exc)
+        reason = " ".join(message.split())
+        if "no such table" in reason or re.search(r'relation "[^"]+" does not exist', reason):
+            hint = "; is it migrated (`recallq migrate`)?"
+        elif "does not exist" in reason:
+            hint = "; create it first"
+        else:
+            hint = ""
         return f"cannot use the database {redact_url(Settings().database_url)}: {reason}{hint}"
     return None
 

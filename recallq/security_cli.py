@@ -70,22 +70,7 @@ def _key_store() -> Any:
     return KeyStore(Database(Settings().database_url))
 
 
-def _database_error(exc: Exception) -> int:
-    from recallq.redact import redact_url
-    from recallq.settings import Settings
-
-    url = redact_url(Settings().database_url)
-    print(
-        f"recallq: cannot use the database at {url} ({type(exc).__name__}); is it migrated "
-        "(`recallq migrate`)?",
-        file=sys.stderr,
-    )
-    return 2
-
-
 def cmd_keys_create(args: argparse.Namespace) -> int:
-    from sqlalchemy.exc import SQLAlchemyError
-
     from recallq.apikeys import InvalidKeyRequest
 
     try:
@@ -93,8 +78,6 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
     except InvalidKeyRequest as exc:
         print(f"recallq: {exc}", file=sys.stderr)
         return 2
-    except SQLAlchemyError as exc:
-        return _database_error(exc)
     print(key)
     print(
         f"key {info.id} ({info.role}) for project {info.project}: shown once, store it now "
@@ -105,12 +88,7 @@ def cmd_keys_create(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_list(args: argparse.Namespace) -> int:
-    from sqlalchemy.exc import SQLAlchemyError
-
-    try:
-        found = _key_store().list(args.project)
-    except SQLAlchemyError as exc:
-        return _database_error(exc)
+    found = _key_store().list(args.project)
     for info in found:
         row = {
             "id": info.id,
@@ -134,12 +112,7 @@ def cmd_keys_list(args: argparse.Namespace) -> int:
 
 
 def cmd_keys_revoke(args: argparse.Namespace) -> int:
-    from sqlalchemy.exc import SQLAlchemyError
-
-    try:
-        revoked = _key_store().revoke(args.key_id)
-    except SQLAlchemyError as exc:
-        return _database_error(exc)
+    revoked = _key_store().revoke(args.key_id)
     if not revoked:
         print(f"recallq: no active key {args.key_id}", file=sys.stderr)
         return 1

@@ -474,3 +474,22 @@ def test_client_commands_without_a_local_database_say_so(tmp_path: Path) -> None
     assert not (tmp_path / "recallq.db").exists()
     resume = recallq("resume", "x", "--api", "http://127.0.0.1:9", cwd=tmp_path)
     assert resume.returncode == 2 and "continues an interrupted local run" in resume.stderr
+
+
+def test_a_database_not_migrated_says_to_migrate(tmp_path: Path) -> None:
+    """`recallq keys` works on the database directly: on one with no tables, one line saying
+    to migrate (on Postgres the same, without the statement Postgres quotes)."""
+    env = {"RECALLQ_DATABASE_URL": f"sqlite:///{tmp_path / 'empty.db'}"}
+    for args in (("keys", "list"), ("keys", "create", "--project", "p", "--role", "read")):
+        done = recallq(*args, cwd=tmp_path, env=env)
+        assert done.returncode == 2, done.stderr
+        [line] = done.stderr.splitlines()
+        assert line.endswith("no such table: api_keys; is it migrated (`recallq migrate`)?")
+
+    from tests.services import PostgresDatabase
+
+    with PostgresDatabase() as database:  # created empty: no tables
+        done = recallq("runs", cwd=tmp_path, env={"RECALLQ_DATABASE_URL": database.url})
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.endswith('relation "runs" does not exist; is it migrated (`recallq migrate`)?')

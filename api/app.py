@@ -160,6 +160,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     components.update(submission.pop("$defs", {}))
     components["RunSubmission"] = submission
     components.setdefault("ErrorResponse", schemas.ErrorResponse.model_json_schema())
+    components["ResumeRequest"] = schemas.ResumeRequest.model_json_schema()
     error_ref = {"$ref": "#/components/schemas/ErrorResponse"}
     for path in spec.get("paths", {}).values():
         for operation in path.values():

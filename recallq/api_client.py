@@ -164,11 +164,11 @@ class Client:
         body: dict[str, Any] = response.json()
         return body
 
-    def post(self, path: str) -> dict[str, Any]:
-        response = self._http.post(path)
+    def post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        response = self._http.post(path, json=body) if body else self._http.post(path)
         _raise_for(response)
-        body: dict[str, Any] = response.json()
-        return body
+        answer: dict[str, Any] = response.json()
+        return answer
 
     def stream(self, path: str, params: dict[str, Any] | None = None) -> Iterator[bytes]:
         """The body of a GET, chunk by chunk (results of any size)."""

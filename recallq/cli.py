@@ -302,7 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, helptext in (
         ("cancel", "cancel a run"),
         ("retry", "re-queue a run's failed items (a local run is scored here)"),
-        ("resume", "continue an interrupted local run"),
+        ("resume", "continue a cancelled run, or an interrupted local run"),
     ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("run_id")
@@ -310,6 +310,11 @@ def build_parser() -> argparse.ArgumentParser:
         if name != "cancel":
             p.add_argument("--concurrency", type=int, help="judge calls in flight (local)")
             p.add_argument("--quiet", action="store_true", help="no progress bar")
+        if name == "resume":
+            p.add_argument(
+                "--budget-usd", type=float, help="a higher budget for a run cancelled at its own"
+            )
+            p.add_argument("--budget-tokens", type=int, help="the same, in tokens")
         p.set_defaults(func=_client_command(name))
 
     from recallq import security_cli

@@ -142,11 +142,17 @@ class LocalBackend:
         return found
 
     def cancel(self, run_id: str) -> dict[str, Any]:
-        from recallq.store import stores_for
+        from recallq import local
+        from recallq.runs import RunService
 
-        _, runs = stores_for(self.database, self.settings)
-        runs.cancel(run_id, PROJECT)
-        return self.view(run_id)
+        with self.database.session() as session:
+            self._run(session, run_id)
+        runtime, runner = local.local_runtime(self.settings, 1)
+        try:
+            return RunService(runtime, local=True).cancel(run_id, PROJECT).view
+        finally:
+            runner.stop(wait=False)
+            runtime.close()
 
     def close(self) -> None:
         self.database.dispose()
@@ -382,13 +388,22 @@ def retry(args: argparse.Namespace) -> int:
 
 
 def resume(args: argparse.Namespace) -> int:
-    """Continue a local run that was interrupted (the same as running its command again)."""
+    """Continue a cancelled run (its cancelled items are queued again), or a local run that
+    was interrupted (the same as running its command again)."""
     settings = Settings()
-    if api_url(args, settings) is not None:
-        raise CommandError(
-            "resume continues an interrupted local run; a service run goes on by itself "
-            "(its workers pick up lost work), and `recallq retry RUN` re-queues failed items"
+    url = api_url(args, settings)
+    if url is not None:
+        with Client(url, settings.api_key) as client:
+            budget = {"budget_usd": args.budget_usd, "budget_tokens": args.budget_tokens}
+            body = {name: value for name, value in budget.items() if value is not None}
+            view = client.post(f"/v1/runs/{args.run_id}/resume", body)
+        print(
+            f"recallq: resume run {args.run_id}: {view['resumed_items']} items queued again",
+            file=sys.stderr,
         )
+        for line in display.summary_lines(view, title="recallq status"):
+            print(line)
+        return Exit.OK
     from recallq.local_commands import continue_run
 
     return continue_run(args, settings, "resume")

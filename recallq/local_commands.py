@@ -52,7 +52,7 @@ def report(
 
 def run(args: argparse.Namespace) -> int:
     """`recallq run FILE`: score a file in this process; the same command again resumes."""
-    from recallq import dataset, ingest, local, migrate
+    from recallq import dataset, local, migrate, runs
     from recallq.model_registry import LEXICAL
 
     mapping = dataset.parse_mapping(args.map or [])
@@ -68,16 +68,14 @@ def run(args: argparse.Namespace) -> int:
     runtime, runner = local.local_runtime(settings, concurrency)
     try:
         local.check_model(runtime, model)
-        spec = ingest.build_spec(
-            model=model,
-            default_model=settings.default_model,
-            default_retry_deadline=settings.retry_deadline,
-            known_models=runtime.models,
-            name=args.name or args.file.name,
-            scale=args.scale,
-            context=args.context,
-            context_extractor=args.context_extractor,
-        )
+        fields = {
+            "model": model,
+            "name": args.name or args.file.name,
+            "scale": args.scale,
+            "context": args.context,
+            "context_extractor": args.context_extractor,
+        }
+        spec = runs.RunService(runtime, local=True).spec(fields, local.PROJECT)
         migrate.upgrade(settings.database_url)
         opened = local.open_file_run(runtime, args.file, spec, mapping, fresh=args.fresh)
         if opened.note:
@@ -126,12 +124,11 @@ def open_local_database(settings: Settings) -> Database:
 
 def continue_run(args: argparse.Namespace, settings: Settings, action: str) -> int:
     """`recallq resume RUN` / `recallq retry RUN` on the local database: send the run's
-    unended (resume) or failed (retry) items again, and score them here."""
+    unended or cancelled (resume) or failed (retry) items again, and score them here."""
     from recallq import local
     from recallq.model_registry import LEXICAL
     from recallq.models import Run
-    from recallq.status import RunStatus
-    from recallq.store import RunCancelledError
+    from recallq.runs import RunConflict, RunService
 
     database = open_local_database(settings)
     try:
@@ -139,28 +136,28 @@ def continue_run(args: argparse.Namespace, settings: Settings, action: str) -> i
             found = session.get(Run, args.run_id)
             if found is None:
                 raise CommandError(_not_found(args.run_id, settings))
-            model, status = found.model, found.status
+            model = found.model
     finally:
         database.dispose()
-    if status == RunStatus.CANCELLED:
-        raise CommandError(f"run {args.run_id} was cancelled: it cannot be {action}d")
     concurrency = args.concurrency or local.default_concurrency(settings, model)
     runtime, runner = local.local_runtime(settings, concurrency)
     try:
         local.check_model(runtime, model)
-        # Either way the run's unended items go back to the queue: no other process scores a
-        # local run, so items left queued or running by an interrupted one would never end.
-        resent = runtime.runs.resume(args.run_id, "default")
-        if action == "retry":
-            try:
-                failed = runtime.runs.retry_failed(args.run_id, "default")
-            except RunCancelledError as exc:
-                raise CommandError(str(exc)) from None
-            what = f"{failed} failed items sent again" + (
-                f", and {resent} unended ones" if resent else ""
-            )
-        else:
-            what = f"{resent} unended items sent again"
+        service = RunService(runtime, local=True)
+        try:
+            if action == "retry":
+                # The run's unended items go back to the queue too: no other process scores
+                # a local run, so items left queued or running by an interrupted one would
+                # never end.
+                resent = runtime.runs.resume(args.run_id, local.PROJECT)
+                failed = service.retry(args.run_id, local.PROJECT)
+                what = f"{failed} failed items sent again" + (
+                    f", and {resent} unended ones" if resent else ""
+                )
+            else:
+                what = f"{service.resume_local(args.run_id, local.PROJECT)} items sent again"
+        except RunConflict as exc:
+            raise CommandError(exc.message) from None
         print(f"recallq: {action} run {args.run_id}: {what}", file=sys.stderr)
         if model != LEXICAL:
             from recallq import patches

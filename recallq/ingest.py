@@ -413,7 +413,7 @@ class ItemRows:
         seen: set[str] = set()
         timed = self._spec.context_extractor is not None and self._budget is not None
         spent = 0.0
-        for index, raw in enumerate(self._items):
+        for index, raw in enumerate(_as_submission_errors(self._items)):
             if index >= self._max:
                 raise SubmissionError(
                     f"a run holds at most {self._max} items", code="too_many_items", status=413
@@ -441,6 +441,20 @@ class ItemRows:
             self.any_resolvable = self.any_resolvable or resolvable
             self.count = index + 1
             yield row
+
+
+def _as_submission_errors(items: Iterable[Any]) -> Iterator[Any]:
+    """The items, a reader's DatasetError (a file or frame read lazily) raised as the
+    SubmissionError the service answers for the same problem."""
+    iterator = iter(items)
+    while True:
+        try:
+            raw = next(iterator)
+        except StopIteration:
+            return
+        except dataset.DatasetError as exc:
+            raise SubmissionError(str(exc)) from exc
+        yield raw
 
 
 def _check_item_size(raw: Any, index: int, max_bytes: int) -> None:

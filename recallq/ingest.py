@@ -392,7 +392,7 @@ def estimate_checked(
 class ItemRows:
     """The rows of a submission's items, checked one by one as they stream through: at most
     `max_items`, each at most `max_item_bytes` as JSON, ids unique, and the run's context
-    extractor within `extraction_budget` seconds for the whole submission."""
+    extractor within `context_extractor_budget` seconds for the whole submission."""
 
     count = 0
 
@@ -403,10 +403,10 @@ class ItemRows:
         max_items: int,
         *,
         max_item_bytes: int | None = None,
-        extraction_budget: float | None = None,
+        context_extractor_budget: float | None = None,
     ) -> None:
         self._items, self._spec, self._max = items, spec, max_items
-        self._max_bytes, self._budget = max_item_bytes, extraction_budget
+        self._max_bytes, self._budget = max_item_bytes, context_extractor_budget
         self.any_resolvable = False
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -430,7 +430,7 @@ class ItemRows:
                         f"first {index + 1} items, the limit for one submission: use a "
                         "simpler expression, send fewer items at once, or give items their "
                         "context",
-                        code="extraction_too_slow",
+                        code="context_extractor_too_slow",
                     )
             if row["key"] in seen:
                 raise SubmissionError(

@@ -383,7 +383,7 @@ class _CheckedRows:
             spec,
             settings.max_items_per_run,
             max_item_bytes=settings.max_item_bytes,
-            extraction_budget=settings.extraction_budget,
+            context_extractor_budget=settings.context_extractor_budget,
         )
         started = time.monotonic()
         try:

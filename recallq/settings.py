@@ -87,4 +87,4 @@ class Settings(BaseSettings):
     max_context_bytes: int = 1024 * 1024  # resolved passages of one item (or the run's static)
     max_context_passages: int = 1000
     jmespath_timeout: float = 0.5  # one item's context_extractor evaluation
-    extraction_budget: float = 10.0  # all items' context_extractor of one submission (422)
+    context_extractor_budget: float = 10.0  # all items' context_extractor of one submission (422)

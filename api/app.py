@@ -31,7 +31,7 @@ from recallq.apikeys import KeyStore
 from recallq.coordination.submissions import SubmissionLimiter
 from recallq.redact import install_log_redaction, redact_url
 from recallq.runtime import Runtime
-from recallq.settings import Settings
+from recallq.settings import read_settings
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
@@ -44,7 +44,7 @@ SECURITY_HEADERS = [
 
 def create_app(runtime: Runtime | None = None) -> FastAPI:
     if runtime is None:
-        settings = Settings()
+        settings = read_settings()  # the API process's one read of its environment
         sender = broker.configure(Celery("recallq-api"), settings.redis_url)
         queue = broker.CeleryQueue(sender, settings.extraction_pack)
         runtime = Runtime.distributed(settings, queue)

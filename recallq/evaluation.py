@@ -45,7 +45,7 @@ def evaluate(
     `recallq resume RUN` continues it.
     """
     from recallq import dataset, local, migrate, queries, runs
-    from recallq.settings import Settings
+    from recallq.settings import read_settings
 
     unknown = set(run_fields) - set(RUN_FIELDS)
     if unknown:
@@ -53,7 +53,8 @@ def evaluate(
             f"evaluate() got unknown run field(s) {', '.join(sorted(unknown))}; "
             f"run fields are {', '.join(RUN_FIELDS)}"
         )
-    settings = Settings() if database_url is None else Settings(database_url=database_url)
+    # a library entry point: this call's settings, read here and passed down
+    settings = read_settings() if database_url is None else read_settings(database_url=database_url)
     runtime, runner = local.local_runtime(
         settings, concurrency or local.default_concurrency(settings, model)
     )

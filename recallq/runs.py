@@ -296,14 +296,15 @@ class RunService:
         self.queue(run_id)
         return resumed
 
-    def resume_local(self, run_id: str, project: str) -> int:
-        """Local mode: the run's handed-out, unended items go back to pending (the process
-        that held them stopped); a cancelled run's cancelled items too. How many."""
+    def resume_local(self, run_id: str, project: str) -> tuple[int, str]:
+        """Local mode: a cancelled run's cancelled items, or else the run's handed-out,
+        unended items (the process that held them stopped), go back to pending. How many,
+        and which ("cancelled" or "unended")."""
         self._require(run_id)
         status = self.view(run_id, project, details=False)["status"]
         if status == RunStatus.CANCELLED:
-            return self.resume(run_id, project)
-        return self.runtime.runs.resume(run_id, project)
+            return self.resume(run_id, project), "cancelled"
+        return self.runtime.runs.resume(run_id, project), "unended"
 
     def delete(self, run_id: str, project: str) -> None:
         """Remove an ended run with its items and claims."""

@@ -7,12 +7,20 @@ runtime it passes down (see recallq.runtime).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_LOCAL_DATABASE_URL = "sqlite:///recallq.db"
 DEFAULT_RETRY_DEADLINE = 6 * 3600.0
+
+
+def read_settings(**overrides: Any) -> Settings:
+    """The settings of this process: RECALLQ_* variables, then `overrides`. Called once per
+    process, where it starts: the `recallq` command (recallq.cli.main), the API app factory,
+    the worker's start, and the library's entry points `recallq.evaluate` and
+    `recallq.Client` (tests/unit/test_settings_edges.py holds every other module to it)."""
+    return Settings(**overrides)
 
 
 class Settings(BaseSettings):

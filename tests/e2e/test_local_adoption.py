@@ -472,8 +472,9 @@ def test_client_commands_without_a_local_database_say_so(tmp_path: Path) -> None
     done = recallq("runs", cwd=tmp_path)
     assert done.returncode == 2 and "no local runs" in done.stderr
     assert not (tmp_path / "recallq.db").exists()
+    # resume asks the service now (a cancelled run continues there): one line, exit 2
     resume = recallq("resume", "x", "--api", "http://127.0.0.1:9", cwd=tmp_path)
-    assert resume.returncode == 2 and "continues an interrupted local run" in resume.stderr
+    assert resume.returncode == 2 and "cannot reach the API" in resume.stderr
 
 
 def test_a_database_not_migrated_says_to_migrate(tmp_path: Path) -> None:

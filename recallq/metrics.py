@@ -15,6 +15,7 @@ registry (`recallq worker` runs threads, so one registry per process sees every 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -24,7 +25,9 @@ import prometheus_client
 from prometheus_client import Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import REGISTRY, Collector
+from redis.exceptions import RedisError
 from sqlalchemy import func, select
+from sqlalchemy.exc import SQLAlchemyError
 
 from recallq.batch_store import PENDING_BATCHES
 from recallq.judge import protocol
@@ -35,6 +38,8 @@ if TYPE_CHECKING:
     from recallq.coordination.breaker import CircuitBreaker
     from recallq.coordination.liveness import Heartbeat
     from recallq.db import Database
+
+log = logging.getLogger(__name__)
 
 # a `_created` series beside every counter doubles what a scrape carries, for nothing we use
 prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -171,15 +176,26 @@ class BreakerCollector(Collector):
         self._breaker = breaker
         self._models = models
 
+    def describe(self) -> Iterator[Metric]:
+        yield self._family()  # the registry asks this, not collect(), when it is registered
+
     def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(
+        family = self._family()
+        try:
+            for model in sorted(self._models()):
+                family.add_metric([model], 0.0 if self._breaker.state(model) is None else 1.0)
+        except RedisError as exc:  # the scrape goes on without it: the gauge's absence shows
+            log.warning("recallq_breaker_open left out of this scrape: %s", type(exc).__name__)
+            return
+        yield family
+
+    @staticmethod
+    def _family() -> GaugeMetricFamily:
+        return GaugeMetricFamily(
             "recallq_breaker_open",
             "1 while the model's circuit breaker is open or half-open (calls paused)",
             labels=["model"],
         )
-        for model in sorted(self._models()):
-            family.add_metric([model], 0.0 if self._breaker.state(model) is None else 1.0)
-        yield family
 
 
 class HeartbeatCollector(Collector):
@@ -217,10 +233,20 @@ class WorkCollector(Collector):
         self._read_at = -CACHE_SECONDS
         self._families: list[Metric] = []
 
+    def describe(self) -> Iterator[Metric]:
+        """The names, without reading anything (asked when the collector is registered)."""
+        zero = dict.fromkeys(self._models(), 0.0)
+        yield from self._families_of(zero, zero, zero, zero, zero, None)
+
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             if self._clock() - self._read_at >= CACHE_SECONDS:
-                self._families = self._read()
+                try:
+                    self._families = self._read()
+                except (SQLAlchemyError, RedisError) as exc:
+                    # the rest of the scrape goes on; these gauges are absent until it answers
+                    log.warning("work-waiting gauges left out: %s", type(exc).__name__)
+                    self._families = []
                 self._read_at = self._clock()
             families = list(self._families)
         yield from families
@@ -259,6 +285,18 @@ class WorkCollector(Collector):
         pending_batches, pending_requests = dict(zero), dict(zero)
         for model, count, requests in batch_rows:
             pending_batches[model], pending_requests[model] = float(count), float(requests)
+        live = None if self._heartbeat is None else self._heartbeat.live_workers()
+        return self._families_of(waiting, running, runs, pending_batches, pending_requests, live)
+
+    def _families_of(
+        self,
+        waiting: Mapping[str, float],
+        running: Mapping[str, float],
+        runs: Mapping[str, float],
+        pending_batches: Mapping[str, float],
+        pending_requests: Mapping[str, float],
+        live: int | None,
+    ) -> list[Metric]:
         families: list[Metric] = [
             _by_model(
                 "recallq_items_waiting",
@@ -279,11 +317,12 @@ class WorkCollector(Collector):
             ),
         ]
         if self._heartbeat is not None:
-            live = GaugeMetricFamily(
+            workers = GaugeMetricFamily(
                 "recallq_workers_live", "Workers whose heartbeat is within its TTL"
             )
-            live.add_metric([], float(self._heartbeat.live_workers()))
-            families.append(live)
+            if live is not None:
+                workers.add_metric([], float(live))
+            families.append(workers)
         return families
 
 

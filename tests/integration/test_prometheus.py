@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,9 +15,11 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from tests.integration.faults import calls_for_tag, make_items, progress, submit, wait_until
 from tests.services import (
+    REPO,
     Process,
     free_port,
     migrated_database,
@@ -131,7 +134,7 @@ def service(env: dict[str, str], tmp_path_factory) -> Iterator[dict[str, Any]]: 
     api_port = int(api_url.rsplit(":", 1)[1])
     prometheus = Prometheus(tmp_path_factory.mktemp("prometheus"), api_port, ports)
     try:
-        yield {"api": api_url, "prometheus": prometheus, "workers": workers}
+        yield {"api": api_url, "prometheus": prometheus, "worker_ports": ports}
     finally:
         prometheus.stop()
         for worker in workers:
@@ -241,3 +244,15 @@ def test_no_series_carries_an_id(service, clean_stub) -> None:  # type: ignore[n
                 assert not an_id.search(value), one
                 assert run_id not in value, one
     assert len(series) < 400  # bounded: a handful of models, stages, outcomes and routes
+
+
+def test_the_compose_worker_healthcheck_reads_a_live_worker(service) -> None:  # type: ignore[no-untyped-def]
+    """docker-compose.yml's worker healthcheck, run as written against a real worker."""
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    command = compose["services"]["worker"]["healthcheck"]["test"]
+    assert command[:3] == ["CMD", "python", "-c"]
+    worker_port = service["worker_ports"][0]
+    code = command[3].replace("127.0.0.1:9100", f"127.0.0.1:{worker_port}")
+    assert subprocess.run([sys.executable, "-c", code], timeout=30).returncode == 0
+    nobody = code.replace(f":{worker_port}/", f":{free_port()}/")
+    assert subprocess.run([sys.executable, "-c", nobody], capture_output=True).returncode != 0

@@ -30,6 +30,7 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import SQLAlchemyError
 
 from recallq.batch_store import PENDING_BATCHES
+from recallq.gates import CommandError
 from recallq.judge import protocol
 from recallq.models import Item, ProviderBatch, Run
 from recallq.status import ITEM_ENDED, ITEM_IN_FLIGHT, RUN_ACTIVE, ItemStatus
@@ -212,6 +213,23 @@ class HeartbeatCollector(Collector):
         yield family
 
 
+# the work-waiting read, built once (building SQLAlchemy statements per call costs CPU)
+IN_FLIGHT_BY_MODEL = (
+    select(Run.model, Item.status, func.count())
+    .join(Run, Run.id == Item.run_id)
+    .where(Item.status.in_(ITEM_IN_FLIGHT), Run.status.in_(RUN_ACTIVE))
+    .group_by(Run.model, Item.status)
+)
+ACTIVE_RUNS_BY_MODEL = (
+    select(Run.model, func.count()).where(Run.status.in_(RUN_ACTIVE)).group_by(Run.model)
+)
+PENDING_BATCHES_BY_MODEL = (
+    select(ProviderBatch.model, func.count(), func.coalesce(func.sum(ProviderBatch.requests), 0))
+    .where(ProviderBatch.state.in_(PENDING_BATCHES))
+    .group_by(ProviderBatch.model)
+)
+
+
 class WorkCollector(Collector):
     """The work waiting across active runs (the autoscaling signal), the batch lane's pending
     batches and the live workers. One grouped query over the in-flight items (the
@@ -252,28 +270,10 @@ class WorkCollector(Collector):
         yield from families
 
     def _read(self) -> list[Metric]:
-        in_flight = (
-            select(Run.model, Item.status, func.count())
-            .join(Run, Run.id == Item.run_id)
-            .where(Item.status.in_(ITEM_IN_FLIGHT), Run.status.in_(RUN_ACTIVE))
-            .group_by(Run.model, Item.status)
-        )
-        active = (
-            select(Run.model, func.count()).where(Run.status.in_(RUN_ACTIVE)).group_by(Run.model)
-        )
-        batches = (
-            select(
-                ProviderBatch.model,
-                func.count(),
-                func.coalesce(func.sum(ProviderBatch.requests), 0),
-            )
-            .where(ProviderBatch.state.in_(PENDING_BATCHES))
-            .group_by(ProviderBatch.model)
-        )
         with self._database.single_statement() as conn:
-            flight_rows = conn.execute(in_flight).all()
-            active_rows = conn.execute(active).all()
-            batch_rows = conn.execute(batches).all()
+            flight_rows = conn.execute(IN_FLIGHT_BY_MODEL).all()
+            active_rows = conn.execute(ACTIVE_RUNS_BY_MODEL).all()
+            batch_rows = conn.execute(PENDING_BATCHES_BY_MODEL).all()
         zero = dict.fromkeys(self._models(), 0.0)
         waiting, running, runs = dict(zero), dict(zero), dict(zero)
         for model, status, count in flight_rows:
@@ -358,4 +358,9 @@ def exposition() -> tuple[bytes, str]:
 
 def serve(host: str, port: int) -> None:
     """This process's metrics at http://host:port/metrics, from a thread of its own."""
-    prometheus_client.start_http_server(port, addr=host, registry=REGISTRY)
+    try:
+        prometheus_client.start_http_server(port, addr=host, registry=REGISTRY)
+    except (OSError, OverflowError) as exc:  # in use, not an address here, out of range
+        reason = getattr(exc, "strerror", None) or str(exc)
+        message = f"--metrics-port: cannot serve metrics on {host}:{port}: {reason}"
+        raise CommandError(message) from None

@@ -3,13 +3,16 @@ only), and what it never shows (a key, an item's text, an id)."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from tests.integration.faults import make_items, submit
-from tests.services import start_api
+from tests.services import REPO, start_api
 
 TOKEN = "mt-0123456789abcdef"
 
@@ -95,3 +98,22 @@ def test_an_invented_method_or_path_adds_no_series(api_without_token: str) -> No
     assert "BREW" not in text and "/no/such" not in text
     assert 'method="other",route="/v1/runs/{run_id}"' in text
     assert 'route="unmatched"' in text
+
+
+def test_a_worker_metrics_port_in_use_is_one_line_and_exit_2(service_env: dict[str, str]) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(
+            [sys.executable, "-m", "recallq.cli", "worker", "--metrics-port", str(port)],
+            env=service_env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        f"recallq: --metrics-port: cannot serve metrics on 127.0.0.1:{port}: Address already in use"
+    )

@@ -69,8 +69,7 @@ from recallq.batch_store import (
     LineState,
     NewLine,
 )
-from recallq.engine import cache_key
-from recallq.judge import protocol
+from recallq.claim_cache import ClaimCache
 from recallq.judge.base import NO_USAGE, PermanentJudgeError, TransientJudgeError, Usage
 from recallq.model_registry import ModelConfig, ModelRegistryError
 from recallq.models import utcnow
@@ -164,9 +163,7 @@ class BatchLane:
                 break
         while unplanned := self.store.unplanned(run.id, CHUNK):
             keys = {
-                u.item_id: cache_key(
-                    u.ground_truth, run.model, protocol.PROMPT_VERSION, project=run.project
-                )
+                u.item_id: ClaimCache.key(u.ground_truth, run.model, project=run.project)
                 for u in unplanned
                 if u.ground_truth is not None and u.claims is None
             }
@@ -207,7 +204,7 @@ class BatchLane:
                 conn, item_id, outcome, usage, Stage.EXTRACTION, cache_hits=int(cache_hit)
             )
             return []
-        key = cache_key(ground_truth, run.model, protocol.PROMPT_VERSION, project=run.project)
+        key = ClaimCache.key(ground_truth, run.model, project=run.project)
         if not self.items.save_claims(conn, item_id, claims, usage, cache_hit, key):
             return []
         return self._after_claims(conn, run, item_id, tuple(claims), contexts)

@@ -282,6 +282,8 @@ def decide(request: Request, result: LineResult | None) -> Decision:
     schema = SCHEMA[request.stage]
     try:
         data = protocol.parse_answer(schema, result.content, result.finish_reason)
+    except protocol.AnswerTooLarge as too_large:  # never repaired: see judge.protocol
+        return Failed(f"{schema}: {too_large}")
     except protocol.ProtocolError as problem:
         if request.is_repair:
             return Failed(f"{schema}: malformed answer after a repair request: {problem}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from pydantic import PositiveInt
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_LOCAL_DATABASE_URL = "sqlite:///recallq.db"
@@ -29,6 +30,11 @@ class Settings(BaseSettings):
     max_attempts: int = 5  # judge calls per stage, transient failures included
     extraction_pack: int = 8  # ground truths per extraction call (a model may set fewer)
     extraction_pack_tokens: int = 4000  # and about this many tokens of them at most
+    # judge answers are untrusted: beyond these an item fails, saying which (judge.protocol)
+    judge_max_answer_bytes: PositiveInt = 1024 * 1024  # one answer, checked before it is parsed
+    judge_max_claims: PositiveInt = 500  # claims of one item
+    judge_max_claim_chars: PositiveInt = 2000  # one claim
+    judge_max_reason_chars: PositiveInt = 2000  # one verdict's reason
     retry_base_delay: float = 0.5
     retry_max_delay: float = 30.0
     request_timeout: float = 120.0

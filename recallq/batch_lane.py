@@ -75,6 +75,7 @@ from recallq.model_registry import ModelConfig, ModelRegistryError
 from recallq.models import utcnow
 from recallq.outcomes import Stage
 from recallq.prices import Price, batch_price
+from recallq.redact import Redactor
 from recallq.settings import Settings
 from recallq.store import BatchedItemStore, RunStore
 
@@ -109,9 +110,11 @@ class BatchLane:
         settings: Settings,
         api_for: Callable[[ModelConfig], BatchAPI] | None = None,
         completed: Callable[[str], None] = lambda run_id: None,
+        redact: Redactor | None = None,
     ) -> None:
         """`api_for` builds a model's provider Batch API (default: through litellm);
-        `completed` is told of each run the lane completes."""
+        `completed` is told of each run the lane completes; `redact` takes secrets out of
+        answers before they are stored (see recallq.redact)."""
         self.store = store
         self.items = items
         self.runs = runs
@@ -120,6 +123,7 @@ class BatchLane:
         self.completed = completed
         self.interval = settings.batch_poll_interval
         self._api_for = api_for or _litellm_api(settings.request_timeout)
+        self._redact = redact
         self._apis: dict[str, BatchAPI] = {}
         self._prices: dict[str, Price] = {}
 
@@ -421,7 +425,7 @@ class BatchLane:
             usage, state, error = FAILED_REQUEST, LineState.FAILED, result.error
         if not self.store.close_line(conn, request.line_id, batch.id, state, usage, error):
             return []  # applied by an earlier poll that crashed before it finished
-        decision = decide(request, result)
+        decision = decide(request, result, self.settings.answer_limits(), self._redact)
         asked = None if request.asked is None else list(request.asked)
         if isinstance(decision, Claims):
             assert row.ground_truth is not None

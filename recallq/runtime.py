@@ -36,7 +36,6 @@ from recallq.coordination.ratelimit import RateLimiter, RedisRateLimiter, Unlimi
 from recallq.db import Database
 from recallq.engine import Engine, WorkQueue
 from recallq.judge.base import Judge
-from recallq.judge.protocol import AnswerLimits
 from recallq.judge.registry import JudgeRegistry
 from recallq.model_registry import ModelConfig, load_models
 from recallq.models import Run
@@ -180,12 +179,7 @@ class Runtime:
             settings.extraction_pack,
             self.judges_given,
             self.redactor,
-            AnswerLimits(
-                settings.judge_max_answer_bytes,
-                settings.judge_max_claims,
-                settings.judge_max_claim_chars,
-                settings.judge_max_reason_chars,
-            ),
+            settings.answer_limits(),
         )
 
     @cached_property
@@ -279,6 +273,7 @@ class Runtime:
             self.models,
             self.settings,
             completed=self.keep_views,
+            redact=self.redactor,
         )
 
     def retention(self) -> Retention:

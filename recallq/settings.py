@@ -12,6 +12,8 @@ from typing import Literal
 from pydantic import PositiveInt
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from recallq.judge.protocol import AnswerLimits
+
 DEFAULT_LOCAL_DATABASE_URL = "sqlite:///recallq.db"
 DEFAULT_RETRY_DEADLINE = 6 * 3600.0
 
@@ -93,3 +95,12 @@ class Settings(BaseSettings):
     max_context_bytes: int = 1024 * 1024  # resolved passages of one item (or the run's static)
     max_context_passages: int = 1000
     jmespath_timeout: float = 0.5  # one item's context_extractor evaluation
+
+    def answer_limits(self) -> AnswerLimits:
+        """What a judge's answer may hold (the RECALLQ_JUDGE_MAX_* settings)."""
+        return AnswerLimits(
+            self.judge_max_answer_bytes,
+            self.judge_max_claims,
+            self.judge_max_claim_chars,
+            self.judge_max_reason_chars,
+        )

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from recallq.batch_requests import Answer, Claims, Failed, Request, decide
 from recallq.judge.protocol import (
     ATTRIBUTION,
     EXTRACTION,
@@ -21,6 +22,7 @@ from recallq.judge.protocol import (
     packed_claims,
     parse_answer,
 )
+from recallq.outcomes import Stage
 from recallq.redact import Redactor
 from tests.stub_llm import split_claims
 
@@ -245,3 +247,21 @@ def test_a_malformed_answer_quotes_no_secret_in_its_error() -> None:
     with pytest.raises(ProtocolError) as raised:
         parse_answer(EXTRACTION, f'{{"claims": ["{KEY}"', "stop", redact=Redactor([KEY]))
     assert KEY not in str(raised.value) and "[redacted]" in str(raised.value)
+
+
+# --- the batch lane's answers: the same rules --------------------------------------------------
+
+
+def test_a_batch_answer_over_a_limit_fails_its_item_without_a_repair() -> None:
+    request = Request(7, Stage.EXTRACTION, ground_truth="Ada was born in 1815.")
+    answer = Answer(json.dumps({"claims": ["a"] * 4}), "stop", prompt_tokens=1, completion_tokens=1)
+    decision = decide(request, answer, AnswerLimits(claims=3))
+    assert isinstance(decision, Failed) and "RECALLQ_JUDGE_MAX_CLAIMS" in decision.error
+
+
+def test_a_batch_answer_is_redacted_before_it_is_stored() -> None:
+    request = Request(7, Stage.EXTRACTION, ground_truth="Ada was born in 1815.")
+    content = json.dumps({"claims": ["Ada was born in 1815", f"key {KEY}"]})
+    answer = Answer(content, "stop", prompt_tokens=1, completion_tokens=1)
+    decision = decide(request, answer, redact=Redactor([KEY]))
+    assert decision == Claims(["Ada was born in 1815", "key [redacted]"])

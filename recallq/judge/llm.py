@@ -93,8 +93,6 @@ class Completion:
 
 
 class LLMJudge:
-    prompt_version = protocol.PROMPT_VERSION
-
     def __init__(
         self,
         config: ModelConfig,

@@ -232,9 +232,9 @@ PENDING_BATCHES_BY_MODEL = (
 
 class WorkCollector(Collector):
     """The work waiting across active runs (the autoscaling signal), the batch lane's pending
-    batches and the live workers. One grouped query over the in-flight items (the
-    status-and-lease index finds them; a dispatch window bounds how many a run has) and the
-    active runs, kept for CACHE_SECONDS."""
+    batches and the live workers. Three grouped statements: the in-flight items of the active runs
+    (the run-and-status index finds them; a dispatch window bounds how many a run has: 0.4 ms
+    with 200k items), the active runs and the pending batches, kept for CACHE_SECONDS."""
 
     def __init__(
         self,

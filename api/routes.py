@@ -473,11 +473,12 @@ RESUME_BODY = {
     },
     openapi_extra={"requestBody": RESUME_BODY},
 )
-async def resume_run(request: Request, service: Runs, project: WriteProject) -> JSONResponse:
+async def resume_run(
+    run_id: str, request: Request, service: Runs, project: WriteProject
+) -> JSONResponse:
     """Continue a cancelled run: its cancelled, unscored items are queued again. A run
     cancelled at its budget needs a higher one: `{"budget_usd": ...}` or `budget_tokens`
     (else a 409 `budget_spent`)."""
-    run_id = request.path_params["run_id"]
     body = await read_json_body(request, RESUME_MAX_BYTES, Pace.of(service.settings))
     fields: Any = {}
     if body.strip():

@@ -32,7 +32,8 @@ def worker(args: argparse.Namespace) -> int:
 
     settings = args.settings
     concurrency = args.concurrency or settings.worker_concurrency
-    celery_app.start(settings).worker_main(
+    address = (args.metrics_host, args.metrics_port) if args.metrics_port else None
+    celery_app.start(settings, address).worker_main(
         [
             "worker",
             "--pool",

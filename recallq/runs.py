@@ -279,6 +279,16 @@ class RunService:
             raise RunConflict(
                 "run_not_cancelled", f"run {run_id} is {status}: only a cancelled run resumes{hint}"
             )
+        for name, given, kept in (
+            ("budget_usd", usd, budget[0]),
+            ("budget_tokens", tokens, budget[1]),
+        ):
+            if given is not None and kept is None:
+                # workers that read "no budget" once do not count spend: a new kind of budget
+                # could not hold
+                raise ingest.SubmissionError(
+                    f"{name} raises a run's budget on resume; run {run_id} has no {name}"
+                )
         raised = usd is not None or tokens is not None
         if raised:
             budget = (

@@ -102,6 +102,8 @@ def test_a_completed_run_does_not_resume_and_a_cancelled_one_does_not_retry(api:
     assert bad.status_code == 422, bad.text
     unknown = httpx.post(f"{api}/v1/runs/{run_id}/resume", json={"items": []}, timeout=60)
     assert unknown.status_code == 422, unknown.text
+    new_kind = httpx.post(f"{api}/v1/runs/{run_id}/resume", json={"budget_usd": 5}, timeout=60)
+    assert new_kind.status_code == 422 and "has no budget_usd" in new_kind.text
     assert httpx.post(f"{api}/v1/runs/{run_id}/resume", timeout=60).status_code == 202
     twice = httpx.post(f"{api}/v1/runs/{run_id}/resume", timeout=60)
     assert twice.status_code == 409 and twice.json()["error"]["code"] == "run_not_cancelled"

@@ -13,6 +13,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.integration.secured import recallq
 from tests.services import RedisServer, start_api, start_worker, wait_for_run
 
 
@@ -91,7 +92,9 @@ def test_cancel_with_redis_down_is_a_200_that_matches_the_run_and_resume_waits_f
     assert again.json()["calls_stopped"] is True
 
 
-def test_a_completed_run_does_not_resume_and_a_cancelled_one_does_not_retry(api: str) -> None:
+def test_a_completed_run_does_not_resume_and_a_cancelled_one_does_not_retry(
+    api: str, env: dict[str, str]
+) -> None:
     run_id = httpx.post(f"{api}/v1/runs", json={"items": _items(2)}, timeout=60).json()["id"]
     assert httpx.post(f"{api}/v1/runs/{run_id}/cancel", timeout=60).status_code == 200
     retried = httpx.post(f"{api}/v1/runs/{run_id}/retry", timeout=60)
@@ -104,9 +107,13 @@ def test_a_completed_run_does_not_resume_and_a_cancelled_one_does_not_retry(api:
     assert unknown.status_code == 422, unknown.text
     new_kind = httpx.post(f"{api}/v1/runs/{run_id}/resume", json={"budget_usd": 5}, timeout=60)
     assert new_kind.status_code == 422 and "has no budget_usd" in new_kind.text
-    assert httpx.post(f"{api}/v1/runs/{run_id}/resume", timeout=60).status_code == 202
+    by_cli = recallq(env, "resume", run_id, "--api", api)  # the CLI asks the service
+    assert by_cli.returncode == 0, by_cli.stderr
+    assert f"resume run {run_id}: 2 items queued again" in by_cli.stderr
     twice = httpx.post(f"{api}/v1/runs/{run_id}/resume", timeout=60)
     assert twice.status_code == 409 and twice.json()["error"]["code"] == "run_not_cancelled"
+    again = recallq(env, "resume", run_id, "--api", api)
+    assert again.returncode == 2 and "409 run_not_cancelled" in again.stderr
     missing = httpx.post(f"{api}/v1/runs/no-such-run/resume", timeout=60)
     assert missing.status_code == 404
 

@@ -34,7 +34,7 @@ from recallq.model_registry import ModelConfig
 from recallq.models import Run
 from recallq.runtime import Runtime
 from recallq.settings import Settings
-from recallq.status import RUN_ENDED, RunStatus
+from recallq.status import RunStatus
 from recallq.store import (
     RunActiveError,
     RunBudgetSpentError,
@@ -373,10 +373,6 @@ class RunService:
     def _require(run_id: str) -> None:
         if not plausible_id(run_id):
             raise RunNotFound(run_id)
-
-
-def run_ended(view: Mapping[str, Any]) -> bool:
-    return view["status"] in RUN_ENDED
 
 
 class _CheckedRows:

@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 from api import schemas
 from api.auth import AdminProject, Project, WriteProject, Writer
 from api.body import Pace, SpooledUpload, read_json_body, spool_ndjson
-from api.errors import ApiError, not_found
+from api.errors import HttpError, not_found
 from recallq import export, ingest, inputs, model_registry, queries, quotas
 from recallq.apikeys import Principal
 from recallq.models import Run
@@ -100,7 +100,7 @@ def _json_param(name: str, raw: str | None, max_depth: int) -> Any:
     try:
         return inputs.loads(raw, max_depth, where=name)
     except inputs.UnsafeInput as exc:
-        raise ApiError(422, "invalid_request", f"{exc} (query parameter)") from None
+        raise HttpError(422, "invalid_request", f"{exc} (query parameter)") from None
 
 
 def _admit(runtime: Runtime, principal: Principal, limiter: Any, dry_run: bool) -> None:
@@ -111,14 +111,14 @@ def _admit(runtime: Runtime, principal: Principal, limiter: Any, dry_run: bool) 
             wait = limiter.admit(principal.key_id or ANONYMOUS)
         except RedisError:
             # no way to count this key's submissions: refuse rather than let it through
-            raise ApiError(
+            raise HttpError(
                 503,
                 "unavailable",
                 "cannot check the submission rate now; retry",
                 {"Retry-After": "10"},
             ) from None
         if wait is not None:
-            raise ApiError(
+            raise HttpError(
                 429,
                 "rate_limited",
                 f"too many submissions with this key; retry in {wait:g} s",
@@ -136,11 +136,11 @@ def _spec_from_payload(
 ) -> ingest.RunSpec:
     settings = runtime.settings
     if not isinstance(payload, dict) or not isinstance(payload.get("items"), list):
-        raise ApiError(422, "invalid_request", 'body must be an object with an "items" list')
+        raise HttpError(422, "invalid_request", 'body must be an object with an "items" list')
     unknown = set(payload) - RUN_FIELDS
     if unknown:
         names = ", ".join(sorted(name[:40] for name in unknown)[:10])
-        raise ApiError(422, "invalid_request", f"unknown field(s): {names}")
+        raise HttpError(422, "invalid_request", f"unknown field(s): {names}")
     return ingest.build_spec(
         model=payload.get("model"),
         default_model=settings.default_model,
@@ -197,7 +197,7 @@ def _store(
         with runtime.database.session() as session:
             found = replay(session)
         if found is None:  # the twin was rolled back after all
-            raise ApiError(
+            raise HttpError(
                 409, "conflict", "a submission with this Idempotency-Key failed; retry"
             ) from None
         return found
@@ -217,7 +217,7 @@ def _submit_json(
     try:
         payload = inputs.loads(body, runtime.settings.max_json_depth)
     except inputs.UnsafeInput as exc:
-        raise ApiError(400, "invalid_json", str(exc)) from None
+        raise HttpError(400, "invalid_json", str(exc)) from None
     spec = _spec_from_payload(runtime, payload, principal.project, key)
     items: Iterable[Any] = payload["items"]
     max_item = runtime.settings.max_item_bytes
@@ -317,7 +317,7 @@ async def create_run(
     key = idempotency_key.strip() if idempotency_key else None
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type not in (NDJSON, "application/json", ""):
-        raise ApiError(415, "unsupported_media_type", f"use application/json or {NDJSON}")
+        raise HttpError(415, "unsupported_media_type", f"use application/json or {NDJSON}")
     limiter = getattr(request.app.state, "submissions", None)
     await anyio.to_thread.run_sync(_admit, runtime, principal, limiter, dry_run)
     if content_type == NDJSON:
@@ -403,7 +403,7 @@ def list_runs(
         try:
             after = queries.decode_run_cursor(cursor)
         except ValueError:
-            raise ApiError(422, "invalid_cursor", "cursor is not one this API returned") from None
+            raise HttpError(422, "invalid_cursor", "cursor is not one this API returned") from None
     if name is not None and inputs.text_problem(name) is not None:
         return {"runs": [], "next_cursor": None}  # no run can have such a name
     with runtime.database.session() as session:
@@ -450,7 +450,7 @@ def compare_runs(
         try:
             return queries.compare_runs(session, base_run, candidate_run, by=by, top=top)
         except queries.IncomparableRuns as exc:
-            raise ApiError(400, "incomparable_runs", str(exc)) from None
+            raise HttpError(400, "incomparable_runs", str(exc)) from None
 
 
 def _decode_cursor(cursor: str | None) -> int | None:
@@ -465,7 +465,7 @@ def _decode_cursor(cursor: str | None) -> int | None:
         except ValueError:
             pass
     if not 0 <= index <= MAX_CURSOR_INDEX:
-        raise ApiError(422, "invalid_cursor", "cursor is not one this API returned")
+        raise HttpError(422, "invalid_cursor", "cursor is not one this API returned")
     return index
 
 
@@ -627,7 +627,7 @@ def retry_run(run_id: str, runtime: Rt, project: WriteProject) -> JSONResponse:
     except RunNotFound:
         raise not_found(f"run {run_id[:80]}") from None
     except RunCancelledError:
-        raise ApiError(409, "run_cancelled", "a cancelled run cannot be retried") from None
+        raise HttpError(409, "run_cancelled", "a cancelled run cannot be retried") from None
     return JSONResponse({**get_run(run_id, runtime, project), "retried_items": retried}, 202)
 
 
@@ -647,7 +647,7 @@ def delete_run(run_id: str, runtime: Rt, project: AdminProject) -> Response:
     except RunNotFound:
         raise not_found(f"run {run_id[:80]}") from None
     except RunActiveError as exc:
-        raise ApiError(409, "run_active", str(exc)) from None
+        raise HttpError(409, "run_active", str(exc)) from None
     try:
         runtime.gate.forget(run_id)
     except Exception:  # noqa: BLE001  (the run is gone; leftover keys expire on their own)

@@ -50,7 +50,7 @@ from recallq.batch_requests import (
     LineFailure,
     LineResult,
     Repair,
-    Retry,
+    ResendLater,
     Verdicts,
     answer_usage,
     carry_verdicts,
@@ -70,14 +70,15 @@ from recallq.batch_store import (
     NewLine,
 )
 from recallq.engine import cache_key
+from recallq.errors import PermanentJudgeError, TransientJudgeError
 from recallq.judge import protocol
-from recallq.judge.base import NO_USAGE, PermanentJudgeError, TransientJudgeError, Usage
 from recallq.model_registry import ModelConfig, ModelRegistryError
 from recallq.models import utcnow
 from recallq.outcomes import Stage
 from recallq.prices import Price, batch_price
 from recallq.settings import Settings
 from recallq.store import BatchedItemStore, RunStore
+from recallq.usage import NO_USAGE, Usage
 
 log = logging.getLogger(__name__)
 
@@ -458,7 +459,7 @@ class BatchLane:
         if isinstance(decision, Failed):
             self.items.fail(conn, item_id, decision.error, usage, request.stage)
             return []
-        assert isinstance(decision, Retry)
+        assert isinstance(decision, ResendLater)
         now = utcnow()
         since = row.waiting_since or now
         deadline = self._deadline(run.retry_deadline_s)

@@ -23,9 +23,9 @@ from typing import Any, Protocol
 
 from recallq import scoring
 from recallq.judge import protocol
-from recallq.judge.base import Usage
 from recallq.outcomes import Stage
 from recallq.prices import Price
+from recallq.usage import Usage
 
 ENDPOINT = "/v1/chat/completions"
 CUSTOM_ID_PREFIX = "rq-"
@@ -264,13 +264,13 @@ class Failed:
 
 
 @dataclass(frozen=True)
-class Retry:
+class ResendLater:
     """A transient failure: the same request goes again in a later batch."""
 
     error: str
 
 
-Decision = Claims | Verdicts | AskAgain | Repair | Failed | Retry
+Decision = Claims | Verdicts | AskAgain | Repair | Failed | ResendLater
 
 
 def decide(request: Request, result: LineResult | None) -> Decision:
@@ -278,7 +278,7 @@ def decide(request: Request, result: LineResult | None) -> Decision:
     if result is None:
         result = UNANSWERED
     if isinstance(result, LineFailure):
-        return Retry(result.error) if result.transient else Failed(result.error)
+        return ResendLater(result.error) if result.transient else Failed(result.error)
     schema = SCHEMA[request.stage]
     try:
         data = protocol.parse_answer(schema, result.content, result.finish_reason)

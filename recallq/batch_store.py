@@ -35,7 +35,6 @@ from sqlalchemy.orm import Session
 
 from recallq.batch_requests import Request
 from recallq.db import Database
-from recallq.judge.base import Usage
 from recallq.models import (
     BatchLine,
     Claim,
@@ -49,6 +48,7 @@ from recallq.models import (
 )
 from recallq.outcomes import Stage
 from recallq.status import ItemStatus, RunStatus
+from recallq.usage import Usage
 
 batches, lines = cast(Table, ProviderBatch.__table__), cast(Table, BatchLine.__table__)
 items, runs = cast(Table, Item.__table__), cast(Table, Run.__table__)

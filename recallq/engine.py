@@ -27,17 +27,12 @@ from typing import Protocol
 
 from recallq import scoring
 from recallq.coordination.gate import RunCancelled
-from recallq.judge.base import (
-    NO_USAGE,
-    Judge,
-    JudgeError,
-    PermanentJudgeError,
-    TryLater,
-    Usage,
-)
+from recallq.errors import JudgeError, PermanentJudgeError, TryLater
+from recallq.judge.base import Judge
 from recallq.judge.registry import JudgeRegistry
 from recallq.outcomes import Continue, Deferred, Ended, Skipped, Stage, StageOutcome, Taken
 from recallq.store import ItemStore, RunStore
+from recallq.usage import NO_USAGE, Usage
 
 log = logging.getLogger(__name__)
 

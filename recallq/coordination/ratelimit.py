@@ -16,7 +16,7 @@ from typing import Protocol
 from redis import Redis
 
 from recallq.coordination import keys, scripts
-from recallq.judge.base import RateLimited
+from recallq.errors import RateLimited
 
 
 class RateLimiter(Protocol):

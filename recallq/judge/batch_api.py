@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 
 from recallq import patches
 from recallq.batch_requests import ENDPOINT, BatchInfo, is_transient
-from recallq.judge.base import PermanentJudgeError, TransientJudgeError
+from recallq.errors import PermanentJudgeError, TransientJudgeError
 from recallq.model_registry import ModelConfig
 from recallq.redact import Redactor
 

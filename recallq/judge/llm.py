@@ -17,19 +17,13 @@ from recallq import patches
 from recallq.coordination.breaker import CircuitBreaker, Open, Probe
 from recallq.coordination.gate import CallGate
 from recallq.coordination.ratelimit import RateLimiter
+from recallq.errors import JudgeError, PermanentJudgeError, ProviderUnavailable, TransientJudgeError
 from recallq.judge import protocol
-from recallq.judge.base import (
-    JudgeError,
-    JudgeReply,
-    PackedReply,
-    PermanentJudgeError,
-    ProviderUnavailable,
-    TransientJudgeError,
-    Usage,
-)
+from recallq.judge.base import JudgeReply, PackedReply
 from recallq.model_registry import ModelConfig
 from recallq.redact import Redactor
 from recallq.retry import RetryPolicy, call_with_retries
+from recallq.usage import Usage
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
 

@@ -9,7 +9,8 @@ from collections.abc import Callable, Mapping
 from recallq.coordination.breaker import CircuitBreaker
 from recallq.coordination.gate import CallGate
 from recallq.coordination.ratelimit import RateLimiter
-from recallq.judge.base import Judge, PermanentJudgeError
+from recallq.errors import PermanentJudgeError
+from recallq.judge.base import Judge
 from recallq.judge.lexical import LexicalJudge
 from recallq.model_registry import LEXICAL, ModelConfig, ModelRegistryError, pack_size
 from recallq.redact import Redactor

@@ -12,13 +12,15 @@ import pytest
 from sqlalchemy import select
 
 from recallq import ingest
-from recallq.judge.base import JudgeReply, ProviderUnavailable, RateLimited, TryLater, Usage
+from recallq.errors import ProviderUnavailable, RateLimited, TryLater
+from recallq.judge.base import JudgeReply
 from recallq.migrate import upgrade
 from recallq.models import Claim, Item
 from recallq.outcomes import Continue, Deferred, Ended
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.status import ItemStatus
+from recallq.usage import Usage
 
 MODEL = "incident-probe"
 

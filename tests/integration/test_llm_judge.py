@@ -120,7 +120,7 @@ def test_a_registered_service_callback_still_gets_its_events(
 def test_a_key_missing_from_a_workers_environment_fails_items_at_once(
     clean_stub, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:  # type: ignore[no-untyped-def]
-    from recallq.judge.base import PermanentJudgeError
+    from recallq.errors import PermanentJudgeError
     from recallq.judge.registry import JudgeRegistry
     from recallq.model_registry import load_models
     from tests.services import write_models_file

@@ -10,7 +10,7 @@ import redis
 
 from recallq.coordination.gate import RedisCallGate, RunCancelled
 from recallq.coordination.ratelimit import RedisRateLimiter
-from recallq.judge.base import RateLimited
+from recallq.errors import RateLimited
 from tests.services import redis_database
 
 

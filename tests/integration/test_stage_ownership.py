@@ -16,12 +16,13 @@ import pytest
 from sqlalchemy import select
 
 from recallq import ingest
-from recallq.judge.base import JudgeReply, Usage
+from recallq.judge.base import JudgeReply
 from recallq.models import Claim, Item
 from recallq.outcomes import Continue, Ended, Skipped, SkipReason, Taken
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.status import ItemStatus
+from recallq.usage import Usage
 from tests.services import migrated_database, redis_database
 
 MODEL = "ownership-probe"

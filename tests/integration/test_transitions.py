@@ -18,7 +18,8 @@ import pytest
 from sqlalchemy import select, text
 
 from recallq import ingest, scoring
-from recallq.judge.base import JudgeReply, PermanentJudgeError, RateLimited, Usage
+from recallq.errors import PermanentJudgeError, RateLimited
+from recallq.judge.base import JudgeReply
 from recallq.migrate import upgrade
 from recallq.models import Item
 from recallq.outcomes import Continue, Deferred, Ended, Skipped, SkipReason, Stage
@@ -26,6 +27,7 @@ from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.status import ITEM_TRANSITIONS, RUN_TRANSITIONS, ItemStatus, RunStatus
 from recallq.store import BatchedItemStore
+from recallq.usage import Usage
 
 MODEL = "transitions-probe"
 

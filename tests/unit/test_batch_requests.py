@@ -20,7 +20,7 @@ from recallq.batch_requests import (
     Price,
     Repair,
     Request,
-    Retry,
+    ResendLater,
     Stage,
     Verdicts,
     answer_usage,
@@ -242,13 +242,13 @@ def test_a_repair_of_a_reask_keeps_the_verdicts_it_carries() -> None:
 
 
 def test_failures_retry_or_fail_and_an_unanswered_request_goes_again() -> None:
-    assert decide(extraction(), LineFailure("provider answered 500: x", True)) == Retry(
+    assert decide(extraction(), LineFailure("provider answered 500: x", True)) == ResendLater(
         "provider answered 500: x"
     )
     assert decide(extraction(), LineFailure("provider answered 400: bad", False)) == Failed(
         "provider answered 400: bad"
     )
-    assert decide(attribution(), None) == Retry(UNANSWERED.error)
+    assert decide(attribution(), None) == ResendLater(UNANSWERED.error)
 
 
 def test_an_answer_costs_its_tokens_at_the_batch_price() -> None:

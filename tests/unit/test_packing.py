@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from recallq.engine import extraction_packs, split_usage
-from recallq.judge.base import Usage
 from recallq.outcomes import Taken
+from recallq.usage import Usage
 
 
 def _pass(item_id: int, text: str) -> tuple[Taken, str]:

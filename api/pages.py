@@ -33,7 +33,7 @@ from recallq import compare as ab
 from recallq import inputs, queries, viewer
 from recallq.models import Run
 from recallq.runtime import Runtime
-from recallq.status import RUN_ACTIVE
+from recallq.status import RUN_ACTIVE, PublicItemStatus, RunStatus
 from recallq.store import RunCancelledError, RunNotFound
 from recallq.viewer.figures import MAX_SCATTER_POINTS
 
@@ -47,8 +47,8 @@ COMPARE_TOP = 20
 COMPARE_CHOICES = 100
 MAX_PARAM = 200  # characters of any query parameter (ids, names, text, cursors)
 MAX_FORM_BYTES = 4096
-RUN_STATUSES = ("queued", "running", "completed", "cancelled")
-ITEM_STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
+RUN_STATUSES = tuple(RunStatus)
+ITEM_STATUSES = tuple(PublicItemStatus)
 REFRESH_SECONDS = 5
 # Pages load only this origin's stylesheet and script, post forms only here, and are never
 # framed: the CSP the templates are written for (no inline script or style).

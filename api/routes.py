@@ -31,6 +31,7 @@ from recallq import export, ingest, inputs, model_registry, queries, quotas
 from recallq.apikeys import Principal
 from recallq.models import Run
 from recallq.runtime import Runtime
+from recallq.status import PublicItemStatus, RunStatus
 from recallq.store import RunActiveError, RunCancelledError, RunNotFound
 
 log = logging.getLogger(__name__)
@@ -363,7 +364,6 @@ async def create_run(
 # --- reads ----------------------------------------------------------------------------------
 
 
-RunStatusParam = Literal["queued", "running", "completed", "cancelled"]
 ItemData = Annotated[
     bool,
     Query(description="with each item's input, output, ground_truth, context and metadata"),
@@ -392,7 +392,7 @@ MetadataField = Annotated[
 def list_runs(
     runtime: Rt,
     project: Project,
-    status: RunStatusParam | None = None,
+    status: RunStatus | None = None,
     name: Annotated[str | None, Query(max_length=200, description="exact run name")] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
@@ -473,7 +473,6 @@ def _encode_cursor(index: int | None) -> str | None:
     return None if index is None else base64.urlsafe_b64encode(str(index).encode()).decode()
 
 
-ItemStatusParam = Literal["pending", "running", "succeeded", "failed", "cancelled"]
 Cursor = Annotated[str | None, Query(max_length=MAX_CURSOR_LENGTH)]
 
 
@@ -486,7 +485,7 @@ def list_items(
     run_id: str,
     runtime: Rt,
     project: Project,
-    status: ItemStatusParam | None = None,
+    status: PublicItemStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Cursor = None,
     item_data: ItemData = True,

@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from recallq.status import PublicItemStatus, RunStatus
+
 
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -54,7 +56,7 @@ class Spent(_Open):
     cost_usd: float
 
 
-class Usage(_Open):
+class RunUsage(_Open):
     llm_calls: int = Field(description="calls the provider answered (what is billed)")
     prompt_tokens: int
     completion_tokens: int
@@ -84,7 +86,7 @@ class Waiting(_Open):
 class RunView(_Open):
     id: str
     name: str | None
-    status: Literal["queued", "running", "completed", "cancelled"]
+    status: RunStatus
     model: str
     mode: Literal["online", "batch"] = "online"
     scale: float
@@ -94,7 +96,7 @@ class RunView(_Open):
     retry_deadline_s: float | None = None
     counts: Counts
     summary: Summary
-    usage: Usage
+    usage: RunUsage
     waiting: Waiting | None = None
     batch: BatchProgress | None = None
     cancel_reason: Literal["user", "budget"] | None = None
@@ -137,7 +139,7 @@ class ClaimView(_Open):
 class ItemView(_Open):
     id: str
     index: int
-    status: Literal["pending", "running", "succeeded", "failed", "cancelled"]
+    status: PublicItemStatus
     score: float | None
     reason: str | None
     error: str | None

@@ -34,7 +34,7 @@ from recallq.outcomes import Continue, Deferred, StageOutcome, Taken
 from recallq.redact import install_log_redaction
 from recallq.runtime import Runtime
 from recallq.settings import Settings
-from recallq.status import RUN_ENDED, RunStatus
+from recallq.status import PUBLIC_ITEM_ENDED, RUN_ENDED, PublicItemStatus, RunStatus
 
 log = logging.getLogger(__name__)
 
@@ -274,8 +274,8 @@ def process(
             idle = runner.idle  # before the view: work that ended by now shows in it
             view = run_view(runtime, run_id, details=False)
             counts = view["counts"]
-            bar.n = counts["succeeded"] + counts["failed"] + counts["cancelled"]
-            bar.set_postfix(failed=counts["failed"], refresh=False)
+            bar.n = sum(counts[status] for status in PUBLIC_ITEM_ENDED)
+            bar.set_postfix(failed=counts[PublicItemStatus.FAILED], refresh=False)
             bar.set_description_str(display.paused(view) or "", refresh=False)
             bar.refresh()
             if view["status"] in RUN_ENDED:

@@ -21,6 +21,7 @@ from recallq.gates import CommandError, Exit
 from recallq.local import LocalRunner
 from recallq.runtime import Runtime
 from recallq.settings import Settings
+from recallq.status import PublicItemStatus
 
 #: After Ctrl-C, how long the items already in flight get to finish (and be stored, so a
 #: resume does not pay for them again) before they are abandoned.
@@ -245,7 +246,7 @@ def _interrupted(
         )
     try:
         counts = local.run_view(runtime, run_id, details=False)["counts"]
-        done = counts["succeeded"] + counts["failed"]
+        done = counts[PublicItemStatus.SUCCEEDED] + counts[PublicItemStatus.FAILED]
         progress = f": {done} of {counts['total']} items done, and not sent again"
     except Exception:  # noqa: BLE001  (the message below matters more than the counts)
         progress = ""

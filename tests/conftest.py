@@ -27,7 +27,7 @@ def stub() -> Iterator:
 
 
 @pytest.fixture()
-def clean_stub(stub):  # type: ignore[no-untyped-def]
+def clean_stub(stub):
     """The stub with no recorded calls and no faults."""
     stub.reset()
     stub.configure(latency_ms=0, rate_429=0, rate_500=0, rpm_limit=None)
@@ -35,7 +35,7 @@ def clean_stub(stub):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="module")
-def service_env(pg_database: str, stub, tmp_path_factory) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def service_env(pg_database: str, stub, tmp_path_factory) -> dict[str, str]:
     """Environment for recallq processes: Postgres, a clean Redis database, the stub model.
     Without keys (RECALLQ_AUTH=off) and without limits per client: the tests of those
     (tests/integration/test_security.py and its neighbours) start an API of their own."""

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import func, insert, select, text, update
+from sqlalchemy import delete, func, insert, select, text, update
 
 from recallq import kept, migrate, queries
 from recallq.db import Database
@@ -212,7 +212,7 @@ def test_a_comparison_kept_equals_a_fresh_one(database: Database) -> None:
     assert _kept(database) == 1
     assert compare() == first
     with database.session() as session:
-        session.execute(KeptView.__table__.delete())
+        session.execute(delete(KeptView))
     assert compare() == first
     assert first["matched"] == 3 and len(first["pairs"]) == 3 and first["largest_changes"]
 
@@ -275,7 +275,7 @@ def test_a_view_kept_in_another_shape_is_computed_again_never_misread(
         today = session.get(KeptView, key)
         assert today is not None and today.body["shape"] == queries.RUN_VIEW_SHAPE
         misread = {**today.body["body"], "scored": 1}  # what a misreading would show
-        session.execute(KeptView.__table__.delete())
+        session.execute(delete(KeptView))
         run = session.get(Run, run_id)
         assert run is not None and run.finished_at is not None
         ended = [[run_id, as_utc(run.finished_at).isoformat()]]
@@ -291,7 +291,7 @@ def test_a_view_kept_in_another_shape_is_computed_again_never_misread(
         {"shape": queries.RUN_VIEW_SHAPE, "body": {"counts": {}, "scored": 1}},
     ):
         with database.session() as session:
-            session.execute(KeptView.__table__.delete().where(KeptView.key == key))
+            session.execute(delete(KeptView).where(KeptView.key == key))
         _keep_raw(database, run_id, key, stored)
         view = _views(database, run_id)[0]
         assert view == current, stored

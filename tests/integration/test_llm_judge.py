@@ -20,7 +20,7 @@ from recallq.model_registry import ModelConfig
 from recallq.retry import RetryPolicy
 
 
-def _judge(stub, model: str) -> LLMJudge:  # type: ignore[no-untyped-def]
+def _judge(stub, model: str) -> LLMJudge:
     params = {"model": model, "api_base": stub.base_url, "api_key": "sk-test"}
     config = ModelConfig("judge", params)
     return LLMJudge(config, RetryPolicy(), Unlimited(), OpenGate(), LocalCircuitBreaker(), 30)
@@ -39,7 +39,7 @@ def _count_pricing(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return priced
 
 
-def test_a_priced_model_reports_its_cost(clean_stub, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_priced_model_reports_its_cost(clean_stub, monkeypatch) -> None:
     priced = _count_pricing(monkeypatch)
     reply = _judge(clean_stub, "openai/gpt-4o-mini").extract_claims("Ada was born in 1815.", "r")
     assert reply.data["claims"]
@@ -48,7 +48,7 @@ def test_a_priced_model_reports_its_cost(clean_stub, monkeypatch) -> None:  # ty
     assert priced
 
 
-def test_an_unpriced_model_is_not_priced(clean_stub, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_an_unpriced_model_is_not_priced(clean_stub, monkeypatch) -> None:
     judge = _judge(clean_stub, "openai/stub-judge")
     priced = _count_pricing(monkeypatch)
     assert judge.extract_claims("Ada was born in 1815.", "r").usage.llm_calls == 1
@@ -57,7 +57,7 @@ def test_an_unpriced_model_is_not_priced(clean_stub, monkeypatch) -> None:  # ty
 
 def test_an_unpriced_model_costs_nothing_and_logs_nothing(
     clean_stub, caplog: pytest.LogCaptureFixture
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     judge = _judge(clean_stub, "openai/stub-judge")
     with caplog.at_level(logging.DEBUG):
         logging.getLogger().setLevel(logging.INFO)  # as a Celery worker runs
@@ -97,7 +97,7 @@ def _in_a_worker_thread(call: Callable[[], object]) -> None:
 
 def test_calls_from_a_worker_thread_build_no_event_loop(
     clean_stub, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     judge = _judge(clean_stub, "openai/stub-judge")
     made = _count_event_loops(monkeypatch)
     _in_a_worker_thread(
@@ -109,7 +109,7 @@ def test_calls_from_a_worker_thread_build_no_event_loop(
 
 def test_a_registered_service_callback_still_gets_its_events(
     clean_stub, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     judge = _judge(clean_stub, "openai/stub-judge")
     monkeypatch.setattr(litellm, "service_callback", ["a-listener"])
     made = _count_event_loops(monkeypatch)
@@ -119,7 +119,7 @@ def test_a_registered_service_callback_still_gets_its_events(
 
 def test_a_key_missing_from_a_workers_environment_fails_items_at_once(
     clean_stub, tmp_path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     from recallq.errors import PermanentJudgeError
     from recallq.judge.registry import JudgeRegistry
     from recallq.model_registry import load_models
@@ -138,7 +138,7 @@ def test_a_key_missing_from_a_workers_environment_fails_items_at_once(
     assert registry.get("stub-judge").name == "stub-judge"
 
 
-def test_prices_from_the_models_file_are_billed_and_noticed(clean_stub) -> None:  # type: ignore[no-untyped-def]
+def test_prices_from_the_models_file_are_billed_and_noticed(clean_stub) -> None:
     """litellm bills with litellm_params' per-token prices; the judge must not mark such a
     model unpriced (its budget would never be reached)."""
     params = {

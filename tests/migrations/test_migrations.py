@@ -28,7 +28,7 @@ TABLES = {
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
-def empty_database(request, tmp_path: Path) -> Iterator[str]:  # type: ignore[no-untyped-def]
+def empty_database(request, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'migrations.db'}"
         return

@@ -17,11 +17,9 @@ from recallq.batch_requests import (
     Failed,
     InputFile,
     LineFailure,
-    Price,
     Repair,
     Request,
     ResendLater,
-    Stage,
     Verdicts,
     answer_usage,
     carry_verdicts,
@@ -35,6 +33,8 @@ from recallq.batch_requests import (
     result_of,
 )
 from recallq.judge import protocol
+from recallq.outcomes import Stage
+from recallq.prices import Price
 from recallq.scoring import Verdict
 
 CLAIMS = ("Ada was born in 1815", "Ada wrote notes", "Ada liked tea")

@@ -26,14 +26,14 @@ CONTRACT_KEYS = {
 }
 
 
-def runs(base_scores, candidate_scores, **metadata):  # type: ignore[no-untyped-def]
+def runs(base_scores, candidate_scores, **metadata):
     """Two runs over keys k0, k1, ... with the given scores."""
     base = [ItemScores(f"k{i}", s, metadata=metadata or None) for i, s in enumerate(base_scores)]
     candidate = [ItemScores(f"k{i}", s) for i, s in enumerate(candidate_scores)]
     return base, candidate
 
 
-def noisy_runs(n: int, true_difference: float, seed: int):  # type: ignore[no-untyped-def]
+def noisy_runs(n: int, true_difference: float, seed: int):
     """Paired scores whose differences are drawn around a known mean."""
     rng = random.Random(seed)
     base = [rng.uniform(0.2, 0.8) for _ in range(n)]

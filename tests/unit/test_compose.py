@@ -13,7 +13,7 @@ from tests.services import REPO
 def _subcommands() -> set[str]:
     parser = build_parser()
     (sub,) = [a for a in parser._actions if a.dest == "command"]
-    return set(sub.choices)
+    return set(sub.choices or ())
 
 
 def test_every_compose_command_is_a_recallq_command() -> None:

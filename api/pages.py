@@ -130,7 +130,7 @@ def _render(
 def _error_page(request: Request, status: int, title: str, message: str) -> HTMLResponse:
     try:
         browser = page_auth.browser(request)
-    except Exception:  # noqa: BLE001  (an error page must render even when the database is down)
+    except Exception:  # an error page must render even when the database is down
         browser = Browser(None, None, b"")
     return _render(
         request, browser, "error.html", status, status=status, title=title, message=message

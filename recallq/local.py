@@ -115,7 +115,7 @@ class LocalRunner:
             self._active += items
         try:
             work(argument)
-        except Exception:  # noqa: BLE001  (one item's bug must not stop the others)
+        except Exception:  # one item's bug must not stop the others
             log.exception("local runner: %s(%r) failed", getattr(work, "__name__", work), argument)
         finally:
             with self._lock:

@@ -248,7 +248,7 @@ def _interrupted(
         counts = local.run_view(runtime, run_id, details=False)["counts"]
         done = counts[PublicItemStatus.SUCCEEDED] + counts[PublicItemStatus.FAILED]
         progress = f": {done} of {counts['total']} items done, and not sent again"
-    except Exception:  # noqa: BLE001  (the message below matters more than the counts)
+    except Exception:  # the message below matters more than the counts
         progress = ""
     print(f"recallq: run {run_id} is kept{progress}", file=sys.stderr)
     if resume_argv is not None:

@@ -214,7 +214,7 @@ class Runtime:
                 run = session.get(Run, run_id)
                 if run is not None:
                     queries.run_view(session, run)
-        except Exception:  # noqa: BLE001  (the run has completed; this must not undo a task)
+        except Exception:  # the run has completed; this must not undo a task
             log.warning("could not keep the view of completed run %s", run_id, exc_info=True)
 
     def _limiter_for(self, model: ModelConfig) -> RateLimiter:

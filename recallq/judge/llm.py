@@ -27,7 +27,7 @@ from recallq.usage import Usage
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
 
-import litellm  # noqa: E402  (after the variable above)
+import litellm  # after the variable above
 
 _TRANSIENT = (
     litellm.RateLimitError,

@@ -85,7 +85,7 @@ def _in_a_worker_thread(call: Callable[[], object]) -> None:
     def run() -> None:
         try:
             call()
-        except BaseException as exc:  # noqa: BLE001  (re-raised in the test's thread)
+        except BaseException as exc:  # re-raised in the test's thread
             errors.append(exc)
 
     thread = threading.Thread(target=run)

@@ -209,7 +209,7 @@ def test_a_provider_echoing_the_key_leaks_it_nowhere(served, stub, env: dict[str
     database = env["RECALLQ_DATABASE_URL"].replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(database) as conn:
         for table in ("runs", "items", "claims", "claim_cache"):
-            rows = conn.execute(f"SELECT t::text FROM {table} t").fetchall()  # noqa: S608
+            rows = conn.execute(f"SELECT t::text FROM {table} t").fetchall()
             seen.extend(row[0] for row in rows)
     seen.append(worker.output())
     seen.append(api.output())

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from bench import harness, metrics, pages
+from bench import bounds, harness, metrics, pages
 
 Row = tuple[str, ...]
 
@@ -209,7 +209,7 @@ def main() -> None:
     parser.add_argument("--ragas-items", type=int, default=400)
     parser.add_argument("--pages-items", type=int, default=100_000, help="items per run, pages")
     parser.add_argument("--pages-requests", type=int, default=20, help="timed requests per page")
-    sections = ["throughput", "cpu", "limit", "ragas", "cache", "big", "pages"]
+    sections = ["throughput", "cpu", "limit", "ragas", "cache", "big", "pages", "bounds"]
     parser.add_argument("--sections", nargs="+", default=sections, choices=sections)
     parser.add_argument("--big-latency-ms", type=float, default=20)
     parser.add_argument("--big-concurrency", type=int, default=16)
@@ -229,6 +229,8 @@ def main() -> None:
         big_tables(args)
     if "pages" in args.sections:
         pages_table(args)
+    if "bounds" in args.sections:
+        print_table("in-process bounds (the unit tests' former clock targets)", bounds.rows())
 
 
 def throughput_table(args: argparse.Namespace) -> None:

@@ -1,5 +1,4 @@
 import random
-import time
 
 import pytest
 
@@ -261,14 +260,13 @@ def test_normal_interval_agrees_with_the_bootstrap():
     assert abs(boot_high - normal_high) < 0.15 * half_width
 
 
-def test_large_comparisons_use_the_normal_interval_and_stay_fast():
+def test_large_comparisons_use_the_normal_interval():
+    """(How fast: `python -m bench --sections bounds`.)"""
     rng = random.Random(9)
     base_scores = [round(rng.random(), 2) for _ in range(50_000)]
     candidate_scores = [round(min(1.0, max(0.0, s + rng.gauss(0.02, 0.2))), 2) for s in base_scores]
     base, candidate = runs(base_scores, candidate_scores)
-    started = time.perf_counter()
     result = compare(base, candidate, scale=1)
-    assert time.perf_counter() - started < 1.0
     differences = [c - b for b, c in zip(base_scores, candidate_scores, strict=True)]
     assert result["ci95"] == [round(bound, 4) for bound in normal_interval(differences)]
     assert result["matched"] > BOOTSTRAP_MAX_PAIRS

@@ -31,10 +31,10 @@ from api.page_auth import Browser
 from api.routes import cancel, find_run, plausible_id, retry
 from recallq import compare as ab
 from recallq import inputs, queries, viewer
-from recallq.models import Run
 from recallq.runtime import Runtime
 from recallq.status import RUN_ACTIVE, PublicItemStatus, RunStatus
 from recallq.store import RunCancelledError, RunNotFound
+from recallq.tables import Run
 from recallq.viewer.figures import MAX_SCATTER_POINTS
 
 log = logging.getLogger(__name__)

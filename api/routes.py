@@ -29,10 +29,10 @@ from api.body import Pace, SpooledUpload, read_json_body, spool_ndjson
 from api.errors import HttpError, not_found
 from recallq import export, ingest, inputs, model_registry, queries, quotas
 from recallq.apikeys import Principal
-from recallq.models import Run
 from recallq.runtime import Runtime
 from recallq.status import PublicItemStatus, RunStatus
 from recallq.store import RunActiveError, RunCancelledError, RunNotFound
+from recallq.tables import Run
 
 log = logging.getLogger(__name__)
 router = APIRouter()

@@ -73,11 +73,11 @@ from recallq.engine import cache_key
 from recallq.errors import PermanentJudgeError, TransientJudgeError
 from recallq.judge import protocol
 from recallq.model_registry import ModelConfig, ModelRegistryError
-from recallq.models import utcnow
 from recallq.outcomes import Stage
 from recallq.prices import Price, batch_price
 from recallq.settings import Settings
 from recallq.store import BatchedItemStore, RunStore
+from recallq.tables import utcnow
 from recallq.usage import NO_USAGE, Usage
 
 log = logging.getLogger(__name__)

@@ -35,7 +35,9 @@ from sqlalchemy.orm import Session
 
 from recallq.batch_requests import Request
 from recallq.db import Database
-from recallq.models import (
+from recallq.outcomes import Stage
+from recallq.status import ItemStatus, RunStatus
+from recallq.tables import (
     BatchLine,
     Claim,
     ClaimCache,
@@ -46,8 +48,6 @@ from recallq.models import (
     as_utc,
     utcnow,
 )
-from recallq.outcomes import Stage
-from recallq.status import ItemStatus, RunStatus
 from recallq.usage import NO_USAGE, Usage
 
 batches, lines = cast(Table, ProviderBatch.__table__), cast(Table, BatchLine.__table__)

@@ -22,9 +22,9 @@ from recallq import context as ctx
 from recallq import dataset, estimate, inputs, queries, scoring
 from recallq.engine import cache_key
 from recallq.model_registry import LEXICAL, ModelConfig
-from recallq.models import Run, RunMode
 from recallq.settings import DEFAULT_RETRY_DEADLINE, Settings
 from recallq.store import RunStore
+from recallq.tables import Run, RunMode
 
 MAX_RETRY_DEADLINE = 30 * 86400
 #: Scores run from 0 to the scale; a larger one is no scale anyone means (and 1.7e308 broke

@@ -30,8 +30,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from recallq.models import KeptView, Run, as_utc, utcnow
 from recallq.status import RunStatus
+from recallq.tables import KeptView, Run, as_utc, utcnow
 
 log = logging.getLogger(__name__)
 

@@ -29,12 +29,12 @@ from typing import Any
 
 from recallq import dataset, display, ingest, queries
 from recallq.engine import Engine
-from recallq.models import Run, as_utc, utcnow
 from recallq.outcomes import Continue, Deferred, StageOutcome, Taken
 from recallq.redact import install_log_redaction
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.status import PUBLIC_ITEM_ENDED, RUN_ENDED, PublicItemStatus, RunStatus
+from recallq.tables import Run, as_utc, utcnow
 
 log = logging.getLogger(__name__)
 

@@ -130,9 +130,9 @@ def continue_run(args: argparse.Namespace, settings: Settings, action: str) -> i
     unended (resume) or failed (retry) items again, and score them here."""
     from recallq import local
     from recallq.model_registry import LEXICAL
-    from recallq.models import Run
     from recallq.status import RunStatus
     from recallq.store import RunCancelledError
+    from recallq.tables import Run
 
     database = open_local_database(settings)
     try:

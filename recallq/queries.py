@@ -35,9 +35,9 @@ from recallq import kept
 from recallq.batch_store import run_lane_view
 from recallq.db import Database
 from recallq.groups import GroupedItem, summarise_groups
-from recallq.models import Claim, ClaimCache, Item, Run
 from recallq.outcomes import Stage
 from recallq.status import ItemStatus, public_item_status, stored_item_statuses
+from recallq.tables import Claim, ClaimCache, Item, Run
 from recallq.usage import NO_USAGE, Usage
 
 #: Buckets of a run's score histogram (each a fifth of the scale; the last includes the top).

@@ -38,7 +38,6 @@ from recallq.engine import Engine, WorkQueue
 from recallq.judge.base import Judge
 from recallq.judge.registry import JudgeRegistry
 from recallq.model_registry import ModelConfig, load_models
-from recallq.models import Run
 from recallq.reaper import Reaper
 from recallq.redact import Redactor, redact_url
 from recallq.retention import Retention
@@ -46,6 +45,7 @@ from recallq.retry import RetryPolicy
 from recallq.settings import Settings
 from recallq.status import RUN_ACTIVE
 from recallq.store import BatchedItemStore, ItemStore, RunStore, stores_for
+from recallq.tables import Run
 
 log = logging.getLogger(__name__)
 

@@ -201,7 +201,7 @@ def _estimate_without_database(spec: Any, items: Any, settings: Any, models: Any
     from sqlalchemy.orm import Session
 
     from recallq import ingest
-    from recallq.models import Base
+    from recallq.tables import Base
 
     engine = create_engine("sqlite://")
     Base.metadata.create_all(engine)

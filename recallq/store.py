@@ -71,11 +71,11 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from recallq.db import Database
-from recallq.models import Claim, ClaimCache, Item, Run, RunMode, as_utc, utcnow
 from recallq.outcomes import Deferred, Ended, Skipped, SkipReason, Stage, Taken
 from recallq.scoring import Outcome, Verdict
 from recallq.settings import Settings
 from recallq.status import ITEM_ENDED, ITEM_IN_FLIGHT, RUN_ENDED, ItemStatus, RunStatus
+from recallq.tables import Claim, ClaimCache, Item, Run, RunMode, as_utc, utcnow
 from recallq.usage import Usage
 
 items, runs, claims_table, cache = (

@@ -24,11 +24,11 @@ from recallq.batch_store import LaneRun, LaneStore
 from recallq.db import Database
 from recallq.engine import Engine
 from recallq.model_registry import batch_models, load_models
-from recallq.models import Item, Run
 from recallq.outcomes import Continue, Stage
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.store import BatchedItemStore, stores_for
+from recallq.tables import Item, Run
 from tests.fakes import RecordingQueue
 from tests.integration.faults import make_items
 from tests.services import migrated_database, write_models_file

@@ -19,7 +19,7 @@ from sqlalchemy import insert, select
 from recallq import compare as ab
 from recallq import migrate, queries
 from recallq.db import Database
-from recallq.models import Claim, Item, Run
+from recallq.tables import Claim, Item, Run
 
 SCORES = (0.0, 0.33, 0.5, 0.67, 1.0)
 TEXTS = ("Paris is in France.", "The Seine is a river.", "Lyon has old streets.", "Nice is sunny.")

@@ -14,11 +14,11 @@ from sqlalchemy import select
 from recallq import ingest
 from recallq.errors import ProviderUnavailable, RateLimited
 from recallq.migrate import upgrade
-from recallq.models import Claim, Item
 from recallq.outcomes import Continue, Deferred, Ended
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.status import ItemStatus
+from recallq.tables import Claim, Item
 from recallq.usage import Usage
 from tests.fakes import RecordingQueue, ScriptedJudge
 

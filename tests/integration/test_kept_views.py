@@ -20,8 +20,8 @@ from sqlalchemy import delete, func, insert, select, text, update
 
 from recallq import kept, migrate, queries
 from recallq.db import Database
-from recallq.models import Claim, Item, KeptView, Run, as_utc, utcnow
 from recallq.store import ItemStore, RunStore
+from recallq.tables import Claim, Item, KeptView, Run, as_utc, utcnow
 from recallq.usage import Usage
 from tests.services import migrated_database
 

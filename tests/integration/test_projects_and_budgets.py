@@ -23,9 +23,9 @@ from sqlalchemy import func, select, update
 
 from recallq import ingest, local
 from recallq.coordination.gate import OpenGate, RedisCallGate, RunCancelled
-from recallq.models import Claim, Item, Run, utcnow
 from recallq.runtime import Runtime
 from recallq.settings import Settings
+from recallq.tables import Claim, Item, Run, utcnow
 from tests.fakes import RecordingQueue
 from tests.services import redis_database
 

@@ -16,11 +16,11 @@ import pytest
 from sqlalchemy import select
 
 from recallq import ingest
-from recallq.models import Claim, Item
 from recallq.outcomes import Continue, Ended, Skipped, SkipReason, Taken
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.status import ItemStatus
+from recallq.tables import Claim, Item
 from tests.fakes import RecordingQueue, ScriptedJudge
 from tests.services import migrated_database, redis_database
 

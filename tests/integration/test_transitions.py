@@ -20,12 +20,12 @@ from sqlalchemy import select, text
 from recallq import ingest, scoring
 from recallq.errors import PermanentJudgeError, RateLimited
 from recallq.migrate import upgrade
-from recallq.models import Item
 from recallq.outcomes import Continue, Deferred, Ended, Skipped, SkipReason, Stage
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.status import ITEM_TRANSITIONS, RUN_TRANSITIONS, ItemStatus, RunStatus
 from recallq.store import BatchedItemStore
+from recallq.tables import Item
 from recallq.usage import Usage
 from tests.fakes import RecordingQueue, ScriptedJudge
 

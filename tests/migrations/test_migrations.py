@@ -12,7 +12,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect
 
 from recallq import migrate
-from recallq.models import Base
+from recallq.tables import Base
 from tests.services import PostgresDatabase
 
 TABLES = {

@@ -9,8 +9,8 @@ import pytest
 
 from recallq import ingest
 from recallq.model_registry import ModelRegistryError, batch_models, load_models
-from recallq.models import Run, RunMode
 from recallq.status import ItemStatus, public_item_status, stored_item_statuses
+from recallq.tables import Run, RunMode
 
 MODELS = """\
 models:

@@ -17,9 +17,9 @@ from recallq.ingest import (
     parse_ndjson_lines,
 )
 from recallq.migrate import upgrade
-from recallq.models import Item, Run
 from recallq.settings import Settings
 from recallq.store import stores_for
+from recallq.tables import Item, Run
 
 KNOWN = ["local/lexical"]
 MAX_ITEM = Settings().max_item_bytes

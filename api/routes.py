@@ -27,7 +27,7 @@ from api import schemas
 from api.auth import AdminProject, Project, WriteProject, Writer
 from api.body import Pace, SpooledUpload, read_json_body, spool_ndjson
 from api.errors import HttpError, not_found
-from recallq import export, ingest, inputs, model_registry, queries, quotas
+from recallq import export, ingest, inputs, judge_models, queries, quotas
 from recallq.apikeys import Principal
 from recallq.runtime import Runtime
 from recallq.status import PublicItemStatus, RunStatus
@@ -158,7 +158,7 @@ def _spec_from_payload(
         budget_tokens=payload.get("budget_tokens"),
         limits=ingest.limits_of(settings),
         mode=payload.get("mode"),
-        batch_models=model_registry.batch_models(runtime.models),
+        batch_models=judge_models.batch_models(runtime.models),
     )
 
 
@@ -340,7 +340,7 @@ async def create_run(
             budget_tokens=budget_tokens,
             limits=ingest.limits_of(settings),
             mode=mode,
-            batch_models=model_registry.batch_models(runtime.models),
+            batch_models=judge_models.batch_models(runtime.models),
         )
         upload = await spool_ndjson(request, settings, request.app.state.spool_budget)
         try:

@@ -72,7 +72,7 @@ from recallq.batch_store import (
 from recallq.engine import cache_key
 from recallq.errors import PermanentJudgeError, TransientJudgeError
 from recallq.judge import protocol
-from recallq.model_registry import ModelConfig, ModelRegistryError
+from recallq.judge_models import JudgeModelsError, ModelConfig
 from recallq.outcomes import Stage
 from recallq.prices import Price, batch_price
 from recallq.settings import Settings
@@ -505,7 +505,7 @@ class BatchLane:
                 )
             try:
                 self._apis[model] = self._api_for(config)
-            except ModelRegistryError as exc:  # a key missing from this worker's environment
+            except JudgeModelsError as exc:  # a key missing from this worker's environment
                 raise PermanentJudgeError(str(exc)) from exc
         return self._apis[model]
 

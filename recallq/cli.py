@@ -330,12 +330,12 @@ def explain(exc: BaseException) -> str | None:
     from recallq.api_client import ApiError
     from recallq.dataset import DatasetError
     from recallq.ingest import SubmissionError
-    from recallq.model_registry import ModelRegistryError
+    from recallq.judge_models import JudgeModelsError
     from recallq.redact import redact_url
 
     if isinstance(exc, SubmissionError):
         return exc.message
-    if isinstance(exc, DatasetError | ModelRegistryError):
+    if isinstance(exc, DatasetError | JudgeModelsError):
         return str(exc)
     if isinstance(exc, ApiError):
         return f"{exc.status} {exc.code}: {exc.message}"

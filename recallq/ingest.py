@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 from recallq import context as ctx
 from recallq import dataset, estimate, inputs, queries, scoring
 from recallq.engine import cache_key
-from recallq.model_registry import LEXICAL, ModelConfig
+from recallq.judge_models import LEXICAL, ModelConfig
 from recallq.settings import DEFAULT_RETRY_DEADLINE, Settings
 from recallq.store import RunStore
 from recallq.tables import Run, RunMode

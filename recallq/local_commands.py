@@ -54,7 +54,7 @@ def report(
 def run(args: argparse.Namespace) -> int:
     """`recallq run FILE`: score a file in this process; the same command again resumes."""
     from recallq import dataset, ingest, local, migrate
-    from recallq.model_registry import LEXICAL
+    from recallq.judge_models import LEXICAL
 
     mapping = dataset.parse_mapping(args.map or [])
     if args.format and not args.out:
@@ -129,7 +129,7 @@ def continue_run(args: argparse.Namespace, settings: Settings, action: str) -> i
     """`recallq resume RUN` / `recallq retry RUN` on the local database: send the run's
     unended (resume) or failed (retry) items again, and score them here."""
     from recallq import local
-    from recallq.model_registry import LEXICAL
+    from recallq.judge_models import LEXICAL
     from recallq.status import RunStatus
     from recallq.store import RunCancelledError
     from recallq.tables import Run

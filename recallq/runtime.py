@@ -37,7 +37,7 @@ from recallq.db import Database
 from recallq.engine import Engine, WorkQueue
 from recallq.judge.base import Judge
 from recallq.judge.registry import JudgeRegistry
-from recallq.model_registry import ModelConfig, load_models
+from recallq.judge_models import ModelConfig, load_models
 from recallq.reaper import Reaper
 from recallq.redact import Redactor, redact_url
 from recallq.retention import Retention

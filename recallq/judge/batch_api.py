@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from recallq import patches
 from recallq.batch_requests import ENDPOINT, BatchInfo, is_transient
 from recallq.errors import PermanentJudgeError, TransientJudgeError
-from recallq.model_registry import ModelConfig
+from recallq.judge_models import ModelConfig
 from recallq.redact import Redactor
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import

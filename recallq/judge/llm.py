@@ -20,7 +20,7 @@ from recallq.coordination.ratelimit import RateLimiter
 from recallq.errors import JudgeError, PermanentJudgeError, ProviderUnavailable, TransientJudgeError
 from recallq.judge import protocol
 from recallq.judge.base import JudgeReply, PackedReply
-from recallq.model_registry import ModelConfig
+from recallq.judge_models import ModelConfig
 from recallq.redact import Redactor
 from recallq.retry import RetryPolicy, call_with_retries
 from recallq.usage import Usage

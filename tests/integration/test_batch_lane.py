@@ -23,7 +23,7 @@ from recallq.batch_requests import InputFile, request_line
 from recallq.batch_store import LaneRun, LaneStore
 from recallq.db import Database
 from recallq.engine import Engine
-from recallq.model_registry import batch_models, load_models
+from recallq.judge_models import batch_models, load_models
 from recallq.outcomes import Continue, Stage
 from recallq.runtime import Runtime
 from recallq.settings import Settings

@@ -16,7 +16,7 @@ from recallq.coordination.breaker import LocalCircuitBreaker
 from recallq.coordination.gate import OpenGate
 from recallq.coordination.ratelimit import Unlimited
 from recallq.judge.llm import LLMJudge
-from recallq.model_registry import ModelConfig
+from recallq.judge_models import ModelConfig
 from recallq.retry import RetryPolicy
 
 
@@ -122,7 +122,7 @@ def test_a_key_missing_from_a_workers_environment_fails_items_at_once(
 ) -> None:
     from recallq.errors import PermanentJudgeError
     from recallq.judge.registry import JudgeRegistry
-    from recallq.model_registry import load_models
+    from recallq.judge_models import load_models
     from tests.services import write_models_file
 
     models = load_models(write_models_file(tmp_path, clean_stub.base_url))

@@ -6,7 +6,7 @@ import pytest
 
 from recallq import estimate, prices
 from recallq.judge import protocol
-from recallq.model_registry import LEXICAL, ModelConfig
+from recallq.judge_models import LEXICAL, ModelConfig
 
 PRICES = prices.Price(input_per_token=0.000001, output_per_token=0.000002)
 TRUTH = "Ada Lovelace was born in 1815. She wrote the first program."

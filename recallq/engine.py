@@ -29,7 +29,7 @@ from recallq import scoring
 from recallq.coordination.gate import RunCancelled
 from recallq.errors import JudgeError, PermanentJudgeError, TryLater
 from recallq.judge.base import Judge
-from recallq.judge.registry import JudgeRegistry
+from recallq.judge.by_model import JudgeRegistry
 from recallq.outcomes import Continue, Deferred, Ended, Skipped, Stage, StageOutcome, Taken
 from recallq.store import ItemStore, RunStore
 from recallq.usage import NO_USAGE, Usage

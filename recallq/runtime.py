@@ -36,7 +36,7 @@ from recallq.coordination.ratelimit import RateLimiter, RedisRateLimiter, Unlimi
 from recallq.db import Database
 from recallq.engine import Engine, WorkQueue
 from recallq.judge.base import Judge
-from recallq.judge.registry import JudgeRegistry
+from recallq.judge.by_model import JudgeRegistry
 from recallq.judge_models import ModelConfig, load_models
 from recallq.reaper import Reaper
 from recallq.redact import Redactor, redact_url

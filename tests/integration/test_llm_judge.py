@@ -121,7 +121,7 @@ def test_a_key_missing_from_a_workers_environment_fails_items_at_once(
     clean_stub, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from recallq.errors import PermanentJudgeError
-    from recallq.judge.registry import JudgeRegistry
+    from recallq.judge.by_model import JudgeRegistry
     from recallq.judge_models import load_models
     from tests.services import write_models_file
 

@@ -2,7 +2,9 @@
 
 Importing this module imports litellm (about 6 s of CPU): only code that calls a model does.
 The only retry loop for judge calls lives in recallq.retry; litellm's and the OpenAI SDK's own
-retries are switched off here so attempts never multiply.
+retries are switched off here so attempts never multiply. A judge call is one call (limits,
+call gate, circuit breaker, retries); an answer not in the schema's shape raises
+MalformedAnswer, and whether to send a repair request is recallq.pipeline's decision.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from recallq.judge import protocol
 from recallq.judge.base import (
     JudgeError,
     JudgeReply,
+    MalformedAnswer,
     PackedReply,
     PermanentJudgeError,
     ProviderUnavailable,
+    Repair,
     TransientJudgeError,
     Usage,
 )
@@ -140,49 +144,31 @@ class LLMJudge:
             mock_response='{"claims": []}',
         )
 
-    def extract_claims(self, ground_truth: str, run_id: str) -> JudgeReply:
+    def extract_claims(
+        self, ground_truth: str, run_id: str, repair: Repair | None = None
+    ) -> JudgeReply:
         messages = protocol.extraction_messages(ground_truth)
-        return self._ask(protocol.EXTRACTION, messages, run_id)
+        return self._ask(protocol.EXTRACTION, messages, run_id, repair)
 
     def extract_claims_packed(self, ground_truths: list[str], run_id: str) -> PackedReply:
-        """One call for several ground truths. A malformed answer is not repaired: its items
-        are missing, and each falls back to an extraction of its own."""
         messages = protocol.packed_extraction_messages(ground_truths)
         answer = self._complete(protocol.EXTRACTION_PACKED, messages, run_id)
-        try:
-            data = _parse(protocol.EXTRACTION_PACKED, answer)
-        except protocol.ProtocolError:
-            return PackedReply({}, answer.usage)
+        data = _parse(protocol.EXTRACTION_PACKED, answer)
         return PackedReply(protocol.packed_claims(data, len(ground_truths)), answer.usage)
 
-    def attribute(self, claims: list[str], contexts: list[str], run_id: str) -> JudgeReply:
+    def attribute(
+        self, claims: list[str], contexts: list[str], run_id: str, repair: Repair | None = None
+    ) -> JudgeReply:
         messages = protocol.attribution_messages(claims, contexts)
-        return self._ask(protocol.ATTRIBUTION, messages, run_id)
+        return self._ask(protocol.ATTRIBUTION, messages, run_id, repair)
 
-    def _ask(self, schema: str, messages: list[dict[str, str]], run_id: str) -> JudgeReply:
-        """One call, plus one repair request when the answer is malformed. Whatever the repair
-        request does, the first call was answered and is charged."""
-        first = self._complete(schema, messages, run_id)
-        try:
-            return JudgeReply(
-                protocol.parse_answer(schema, first.content, first.finish_reason), first.usage
-            )
-        except protocol.ProtocolError as problem:
-            repair = protocol.repair_messages(messages, first.content, str(problem))
-        try:
-            second = self._complete(schema, repair, run_id)
-        except JudgeError as exc:
-            exc.after(first.usage)
-            raise
-        usage = first.usage + second.usage
-        try:
-            return JudgeReply(
-                protocol.parse_answer(schema, second.content, second.finish_reason), usage
-            )
-        except protocol.ProtocolError as still:
-            raise PermanentJudgeError(
-                f"{schema}: malformed answer after a repair request: {still}", usage
-            ) from still
+    def _ask(
+        self, schema: str, messages: list[dict[str, str]], run_id: str, repair: Repair | None
+    ) -> JudgeReply:
+        if repair is not None:
+            messages = protocol.repair_messages(messages, repair.answer, repair.problem)
+        answer = self._complete(schema, messages, run_id)
+        return JudgeReply(_parse(schema, answer), answer.usage)
 
     def _complete(self, schema: str, messages: list[dict[str, str]], run_id: str) -> Completion:
         estimate = _estimate_tokens(messages)
@@ -247,7 +233,11 @@ class LLMJudge:
 
 
 def _parse(schema: str, completion: Completion) -> dict[str, Any]:
-    return protocol.parse_answer(schema, completion.content, completion.finish_reason)
+    """The answer in the schema's shape; MalformedAnswer (charged with the call) if not."""
+    try:
+        return protocol.parse_answer(schema, completion.content, completion.finish_reason)
+    except protocol.ProtocolError as problem:
+        raise MalformedAnswer(schema, completion.content, str(problem), completion.usage) from None
 
 
 def _clean(exc: Exception, redact: Redactor) -> str:

@@ -8,6 +8,10 @@
     settle(outcome)      when an item ended, send the items released in its place, or complete
                          the run with its last item
 
+The engine is the pipeline's synchronous driver: every rule (what an answer or an error
+means for the item: score, ask again, repair, wait, fail) is recallq.pipeline's, applied here
+one call after the other. `go_on` routes what a stage returned, for every caller.
+
 Each stage calls the judge and the store, and returns what happened (recallq.outcomes):
 Continue (the next stage goes on), Ended, Skipped(reason) or Deferred(until). State lives in
 the database and only the store writes it. The same engine runs under Celery workers (one
@@ -263,13 +267,15 @@ class Engine:
     ) -> list[tuple[Taken, StageOutcome]]:
         """One call for the pack. An item the answer leaves out (all of them, when it is
         malformed or the call was refused as a bad request) is extracted on its own: one bad
-        item never fails the others. The call's usage is shared among the pack's items."""
+        item never fails the others. The call's usage is shared among the pack's items by
+        their share of the prompt, all of it extraction's."""
         texts = [taken.ground_truth or "" for taken, _ in pack]
         weights = [len(text) for text in texts]
         try:
             reply = judge.extract_claims_packed(texts, pack[0][0].run_id)
         except PermanentJudgeError as exc:  # malformed, or refused as a bad request
-            shares, found = split_usage(exc.usage, len(pack), weights), {}
+            shares = split_usage(exc.usage, len(pack), weights)
+            found = pipeline.packed_claims_found(None)
         except JudgeError as exc:  # wait (incident, rate limit) or stop (cancelled): all alike
             shares = split_usage(exc.usage, len(pack), weights)
             return [

@@ -3,7 +3,8 @@ thread pool in this process.
 
 The runner is the engine's work queue and does what a worker's tasks do: items sent to it are
 extracted in groups (one pool task per group), then each item is attributed and settled in a
-pool task of its own.
+pool task of its own. What follows each stage is the engine's routing (Engine.go_on), as in
+the worker; a deferred item is sent again here, by a timer, at its time.
 
 A run of a file is found again by a digest of the file's bytes and the run's fields (its
 idempotency key), so running the same command again resumes it: the items the stopped

@@ -3,6 +3,9 @@
     extract_group([item_id, ...])  ──► for each item whose claims were found:
                                        attribute(pass, item_id)
 
+What follows each stage is the engine's routing (Engine.go_on), as in the local runner; a
+deferred item is the reaper's to send again when it is due.
+
 A database or Redis outage inside a task puts its message back in the queue (Reject with
 requeue) instead of failing it, so nothing is lost while a service restarts.
 """

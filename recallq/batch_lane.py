@@ -36,7 +36,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy import Connection
 
-from recallq import pipeline
+from recallq import metrics, pipeline
 from recallq.batch_requests import (
     FAILED_REQUEST,
     UNANSWERED,
@@ -63,14 +63,14 @@ from recallq.batch_store import (
     LineState,
     NewLine,
 )
-from recallq.engine import cache_key
-from recallq.judge import protocol
+from recallq.claim_cache import ClaimCache
 from recallq.judge.base import NO_USAGE, PermanentJudgeError, Repair, TransientJudgeError, Usage
 from recallq.model_registry import ModelConfig, ModelRegistryError
 from recallq.models import as_utc, utcnow
 from recallq.outcomes import Stage
 from recallq.pipeline import AskAgain, Claims, Failed, Retry, Scored, Verdicts, Wait
 from recallq.prices import Price, batch_price
+from recallq.redact import Redactor
 from recallq.settings import Settings
 from recallq.store import BatchedItemStore, RunStore
 
@@ -105,9 +105,11 @@ class BatchLane:
         settings: Settings,
         api_for: Callable[[ModelConfig], BatchAPI] | None = None,
         completed: Callable[[str], None] = lambda run_id: None,
+        redact: Redactor | None = None,
     ) -> None:
         """`api_for` builds a model's provider Batch API (default: through litellm);
-        `completed` is told of each run the lane completes."""
+        `completed` is told of each run the lane completes; `redact` takes secrets out of
+        answers before they are stored (see recallq.redact)."""
         self.store = store
         self.items = items
         self.runs = runs
@@ -116,6 +118,7 @@ class BatchLane:
         self.completed = completed
         self.interval = settings.batch_poll_interval
         self._api_for = api_for or _litellm_api(settings.request_timeout)
+        self._redact = redact
         self._apis: dict[str, BatchAPI] = {}
         self._prices: dict[str, Price] = {}
 
@@ -136,6 +139,7 @@ class BatchLane:
             for batch in self.store.batches([BatchState.SUBMITTED]):
                 applied = self.check(batch)
                 if applied is not None:
+                    metrics.batch_applied(batch.model)
                     report.batches_applied += 1
                     report.results_applied += applied
             for run in self.store.running_runs():
@@ -159,9 +163,7 @@ class BatchLane:
                 break
         while unplanned := self.store.unplanned(run.id, CHUNK):
             keys = {
-                u.item_id: cache_key(
-                    u.ground_truth, run.model, protocol.PROMPT_VERSION, project=run.project
-                )
+                u.item_id: ClaimCache.key(u.ground_truth, run.model, project=run.project)
                 for u in unplanned
                 if u.ground_truth is not None and u.claims is None
             }
@@ -205,7 +207,7 @@ class BatchLane:
                 conn, item_id, found.outcome, usage, Stage.EXTRACTION, cache_hits=int(cache_hit)
             )
             return []
-        key = cache_key(ground_truth, run.model, protocol.PROMPT_VERSION, project=run.project)
+        key = ClaimCache.key(ground_truth, run.model, project=run.project)
         if not self.items.save_claims(conn, item_id, found.claims, usage, cache_hit, key):
             return []
         return self._after_claims(conn, run, item_id, tuple(found.claims), contexts)
@@ -423,7 +425,7 @@ class BatchLane:
             usage, state, error = FAILED_REQUEST, LineState.FAILED, result.error
         if not self.store.close_line(conn, request.line_id, batch.id, state, usage, error):
             return []  # applied by an earlier poll that crashed before it finished
-        decision = decide(request, result)
+        decision = decide(request, result, self.settings.answer_limits(), self._redact)
         asked = None if request.asked is None else list(request.asked)
         if isinstance(decision, Claims):
             assert row.ground_truth is not None

@@ -226,16 +226,22 @@ def _error_message(holder: Any) -> str | None:
 
 
 def decide(
-    request: Request, result: LineResult | None
+    request: Request,
+    result: LineResult | None,
+    limits: protocol.AnswerLimits = protocol.DEFAULT_LIMITS,
+    redact: protocol.Redact | None = None,
 ) -> Claims | Verdicts | AskAgain | Repair | Failed | Retry:
     """What a request's result means for its item (None: the batch did not answer it), by
-    the pipeline's rules (recallq.pipeline), as online."""
+    the pipeline's rules (recallq.pipeline), as online: within the answer limits, with
+    secrets out of the answer (`redact`)."""
     if result is None:
         result = UNANSWERED
     if isinstance(result, LineFailure):
         return pipeline.line_failed(result.error, result.transient)
     schema = SCHEMA[request.stage]
-    data = pipeline.read_answer(schema, result.content, result.finish_reason, request.is_repair)
+    data = pipeline.read_answer(
+        schema, result.content, result.finish_reason, request.is_repair, limits, redact
+    )
     if not isinstance(data, dict):
         return data
     if request.stage == Stage.EXTRACTION:

@@ -113,6 +113,10 @@ def malformed_error(schema: str, problem: str) -> str:
     return f"{schema}: malformed answer after a repair request: {problem}"
 
 
+def too_large_error(schema: str, problem: str) -> str:
+    return f"{schema}: {problem}"
+
+
 def deadline_error(deadline_s: float, error: str) -> str:
     return f"gave up after the run's retry deadline ({deadline_s:g} s) passed: {error}"
 
@@ -140,22 +144,34 @@ def before_attribution(claims: Sequence[str], contexts: Sequence[str]) -> Scored
 # --- answers --------------------------------------------------------------------------------
 
 
-def malformed(schema: str, answer: str | None, problem: str, repaired: bool) -> Repair | Failed:
-    """A malformed answer is repaired once: asked again with the answer and the problem."""
+def malformed(
+    schema: str, answer: str | None, problem: str, repaired: bool, repairable: bool = True
+) -> Repair | Failed:
+    """A malformed answer is repaired once: asked again with the answer and the problem. One
+    over the answer limits (not `repairable`) is never: the item fails with the problem."""
+    if not repairable:
+        return Failed(too_large_error(schema, problem))
     return Failed(malformed_error(schema, problem)) if repaired else Repair(answer, problem)
 
 
 def malformed_answer(exc: MalformedAnswer, repaired: bool) -> Repair | Failed:
-    return malformed(exc.schema, exc.answer, exc.problem, repaired)
+    return malformed(exc.schema, exc.answer, exc.problem, repaired, exc.repairable)
 
 
 def read_answer(
-    schema: str, content: str | None, finish_reason: str | None, repaired: bool
+    schema: str,
+    content: str | None,
+    finish_reason: str | None,
+    repaired: bool,
+    limits: protocol.AnswerLimits = protocol.DEFAULT_LIMITS,
+    redact: protocol.Redact | None = None,
 ) -> dict[str, Any] | Repair | Failed:
-    """A raw answer (a batch result line) in the schema's shape, or what its malformation
-    means for the item."""
+    """A raw answer (a batch result line) in the schema's shape, within the answer limits and
+    with secrets out of it (`redact`), or what its malformation means for the item."""
     try:
-        return protocol.parse_answer(schema, content, finish_reason)
+        return protocol.parse_answer(schema, content, finish_reason, limits, redact)
+    except protocol.AnswerTooLarge as too_large:
+        return malformed(schema, None, str(too_large), repaired, repairable=False)
     except protocol.ProtocolError as problem:
         return malformed(schema, content, str(problem), repaired)
 

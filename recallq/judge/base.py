@@ -111,11 +111,21 @@ class MalformedAnswer(PermanentJudgeError):
     """The model answered (and was billed, `usage`), but not in the schema's shape. Whether
     the call goes again as a repair request is the pipeline's decision (recallq.pipeline)."""
 
-    def __init__(self, schema: str, answer: str | None, problem: str, usage: Usage) -> None:
+    def __init__(
+        self,
+        schema: str,
+        answer: str | None,
+        problem: str,
+        usage: Usage,
+        repairable: bool = True,
+    ) -> None:
+        """`repairable`: False for an answer over the answer limits (a repair request would
+        send it back; nothing of it is kept, `answer` is None)."""
         super().__init__(f"{schema}: malformed answer: {problem}", usage)
         self.schema = schema
         self.answer = answer
         self.problem = problem
+        self.repairable = repairable
 
 
 @dataclass(frozen=True)
@@ -141,7 +151,6 @@ class Judge(Protocol):
     """
 
     name: str
-    prompt_version: str
 
     def extract_claims(
         self, ground_truth: str, run_id: str, repair: Repair | None = None

@@ -92,6 +92,28 @@ def test_a_raw_answer_is_read_or_repaired_then_failed(
     assert isinstance(second, Failed) and problem in second.error
 
 
+def test_an_answer_over_the_limits_is_never_repaired() -> None:
+    limits = protocol.AnswerLimits(answer_bytes=10)
+    content = '{"claims": ["a long claim"]}'
+    for repaired in (False, True):
+        found = pipeline.read_answer(protocol.EXTRACTION, content, "stop", repaired, limits)
+        assert isinstance(found, Failed) and found.error.startswith("claim_extraction: ")
+        assert "RECALLQ_JUDGE_MAX_ANSWER_BYTES" in found.error
+    exc = MalformedAnswer(protocol.EXTRACTION, None, "too big", Usage(1), repairable=False)
+    assert pipeline.malformed_answer(exc, repaired=False) == Failed("claim_extraction: too big")
+
+
+def test_a_raw_answer_is_redacted() -> None:
+    data = pipeline.read_answer(
+        protocol.EXTRACTION,
+        '{"claims": ["key sk-1"]}',
+        "stop",
+        False,
+        redact=lambda t: t.replace("sk-1", "***"),
+    )
+    assert data == {"claims": ["key ***"]}
+
+
 def test_a_well_formed_raw_answer_is_its_data() -> None:
     data = pipeline.read_answer(protocol.EXTRACTION, '{"claims": [" a ", ""]}', "stop", False)
     assert data == {"claims": ["a"]}

@@ -4,7 +4,8 @@ received, to what happens to the item next. Pure: no I/O, no clock, no model cal
     start(ground truth)              no ground truth ─► Scored (0, no call)
     claims_found(claims)             none ─► Scored (0) │ Claims: store them, attribute next
     before_attribution(claims, ctx)  no context ─► Scored (every claim "no", no call)
-    read_answer / malformed          a malformed answer ─► Repair (once) ─► Failed
+    read_answer / malformed          a malformed answer ─► Repair (once) ─► Failed; one
+                                     over the answer limits ─► Failed (never repaired)
     packed_claims_found              a packed answer's items that it leaves out (all of them,
                                      if malformed) are extracted alone
     verdicts_found(answer, asked)    Verdicts (score) │ AskAgain (once, the claims left

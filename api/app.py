@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api import errors, pages, schemas
+from api import errors, metrics, pages, schemas
 from api.body import SpoolBudget
 from api.routes import router
 from recallq import broker
@@ -81,6 +81,7 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
     _allow_header_on_405(app)
     app.include_router(router)
     pages.install(app)
+    metrics.install(app, runtime)
     _docs(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.add_middleware(_SecurityHeaders)

@@ -58,5 +58,26 @@ class ProviderUnavailable(TryLater):
 
 
 class PermanentJudgeError(JudgeError):
-    """Retrying cannot help: bad request, auth, unknown model, context window exceeded,
-    or an answer that stayed malformed after one repair request."""
+    """Retrying cannot help: bad request, auth, unknown model, context window exceeded, or a
+    malformed answer (MalformedAnswer)."""
+
+
+class MalformedAnswer(PermanentJudgeError):
+    """The model answered (and was billed, `usage`), but not in the schema's shape. Whether
+    the call goes again as a repair request is the pipeline's decision (recallq.pipeline)."""
+
+    def __init__(
+        self,
+        schema: str,
+        answer: str | None,
+        problem: str,
+        usage: Usage,
+        repairable: bool = True,
+    ) -> None:
+        """`repairable`: False for an answer over the answer limits (a repair request would
+        send it back; nothing of it is kept, `answer` is None)."""
+        super().__init__(f"{schema}: malformed answer: {problem}", usage)
+        self.schema = schema
+        self.answer = answer
+        self.problem = problem
+        self.repairable = repairable

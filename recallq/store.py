@@ -70,6 +70,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from recallq import metrics
 from recallq.claim_cache import ClaimCache
 from recallq.db import Database
 from recallq.outcomes import Deferred, Ended, Skipped, SkipReason, Stage, Taken
@@ -206,7 +207,10 @@ def _update_item(
         params["b_owner"] = owner
     if status is not None:
         params["b_status"] = status
-    return conn.execute(statement, params).rowcount
+    written: int = conn.execute(statement, params).rowcount
+    if written and "status" in values:
+        metrics.items_moved(values["status"], written)
+    return written
 
 
 def _update_items_in_id_order(
@@ -236,7 +240,10 @@ def _update_items_in_id_order(
         .values(**values)
         .returning(items.c.id)
     )
-    return list(conn.execute(statement).scalars())
+    moved = list(conn.execute(statement).scalars())
+    if moved and "status" in values:
+        metrics.items_moved(values["status"], len(moved))
+    return moved
 
 
 def _insert(dialect: str, table: Table) -> postgresql.Insert | sqlite.Insert:
@@ -265,7 +272,9 @@ def _verdicts_upsert(dialect: str) -> Insert:
 
 def _spent(usage: Usage, stage: Stage, cache_hits: int = 0) -> dict[str, Any]:
     """Increments of an item's usage counters (see COUNTERS). Extraction's usage is also
-    counted apart, so a run's usage can be split by stage (attribution's is the rest)."""
+    counted apart, so a run's usage can be split by stage (attribution's is the rest). Every
+    extraction share counts there, also those of a packed call that carry tokens but not the
+    call itself: else their tokens would read as attribution's."""
     spent = {
         "llm_calls": usage.llm_calls,
         "prompt_tokens": usage.prompt_tokens,
@@ -275,7 +284,7 @@ def _spent(usage: Usage, stage: Stage, cache_hits: int = 0) -> dict[str, Any]:
         "call_attempts": usage.call_attempts,
         "failed_calls": usage.failed_calls,
     }
-    if stage == Stage.EXTRACTION and usage.llm_calls:
+    if stage == Stage.EXTRACTION:
         spent |= {
             "extraction_calls": usage.llm_calls,
             "extraction_prompt_tokens": usage.prompt_tokens,
@@ -594,7 +603,9 @@ class ItemStore:
         if free < self.release_group:
             return ()
         params = {"b_run": run_id, "b_lease": self.queue_lease(), "b_limit": free}
-        return tuple(conn.execute(RELEASE_NEXT, params).scalars())
+        released = tuple(conn.execute(RELEASE_NEXT, params).scalars())
+        metrics.items_moved(ItemStatus.QUEUED, len(released))
+        return released
 
     @staticmethod
     def _stored_claims(conn: Connection, item_id: int) -> tuple[str, ...]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 
 from recallq.errors import JudgeError
-from recallq.judge.base import JudgeReply, PackedReply
+from recallq.judge.base import JudgeReply, PackedReply, Repair
 from recallq.outcomes import Taken
 from recallq.usage import Usage
 
@@ -27,12 +27,10 @@ class ScriptedJudge:
         self,
         name: str,
         *,
-        prompt_version: str = "scripted",
         usage: Usage = Usage(llm_calls=1),  # noqa: B008  (a frozen value)
         fails: Mapping[str, Callable[[], JudgeError]] | None = None,
     ) -> None:
         self.name = name
-        self.prompt_version = prompt_version
         self.usage = usage
         self.fails = dict(fails or {})
         self.trouble: JudgeError | None = None
@@ -40,7 +38,9 @@ class ScriptedJudge:
         self.extraction_calls = 0
         self.attribution_calls = 0
 
-    def extract_claims(self, ground_truth: str, run_id: str) -> JudgeReply:
+    def extract_claims(
+        self, ground_truth: str, run_id: str, repair: Repair | None = None
+    ) -> JudgeReply:
         self.extraction_calls += 1
         for marker, error in self.fails.items():
             if marker in ground_truth:
@@ -54,7 +54,9 @@ class ScriptedJudge:
         }
         return PackedReply(claims, self.usage)
 
-    def attribute(self, claims: list[str], contexts: list[str], run_id: str) -> JudgeReply:
+    def attribute(
+        self, claims: list[str], contexts: list[str], run_id: str, repair: Repair | None = None
+    ) -> JudgeReply:
         self.attribution_calls += 1
         self.during_attribution()
         if self.trouble is not None:

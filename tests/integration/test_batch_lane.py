@@ -24,7 +24,7 @@ from recallq.batch_store import LaneRun, LaneStore
 from recallq.db import Database
 from recallq.engine import Engine
 from recallq.judge_models import batch_models, load_models
-from recallq.outcomes import Continue, Stage
+from recallq.outcomes import Stage
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.store import BatchedItemStore, stores_for
@@ -183,9 +183,10 @@ def score_online(lane: Lane, run_id: str) -> None:
     engine.dispatch(run_id)
     for item_id in queue.items:  # one at a time: one request per item and stage, as batches
         (outcome,) = engine.extract_group([item_id])
-        if isinstance(outcome, Continue):
-            outcome = engine.attribute(outcome.taken)
-        engine.settle(outcome)
+        engine.go_on(item_id, outcome)  # the routing the workers and the local runner use
+        while queue.attributions:
+            taken = queue.attributions.pop()
+            engine.go_on(taken.item_id, engine.attribute(taken))
     engine.runs.complete_if_done(run_id)
     runtime.close()
 

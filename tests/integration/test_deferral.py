@@ -29,7 +29,7 @@ MODEL = "incident-probe"
 def runtime(tmp_path: Path) -> Iterator[Runtime]:
     url = f"sqlite:///{tmp_path / 'deferral.db'}"
     upgrade(url)
-    judge = ScriptedJudge(MODEL, prompt_version="probe", usage=Usage(llm_calls=1, call_attempts=1))
+    judge = ScriptedJudge(MODEL, usage=Usage(llm_calls=1, call_attempts=1))
     made = Runtime.local(Settings(database_url=url), RecordingQueue(), judges={MODEL: judge})
     yield made
     made.close()

@@ -38,7 +38,7 @@ def pg_database() -> Iterator[str]:
 def workers(pg_database: str) -> Iterator[Callable[[str], Runtime]]:
     """Runtimes of worker processes, by worker id, sharing one probe judge."""
     settings = Settings(database_url=pg_database, redis_url=redis_database(14))
-    judge = ScriptedJudge(MODEL, prompt_version="probe-v1")
+    judge = ScriptedJudge(MODEL)
     made: list[Runtime] = []
 
     def worker(worker_id: str) -> Runtime:

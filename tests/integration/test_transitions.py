@@ -47,7 +47,6 @@ def runtime(tmp_path: Path) -> Iterator[Runtime]:
     settings = Settings(database_url=url, dispatch_window=2)
     judge = ScriptedJudge(
         MODEL,
-        prompt_version="probe",
         fails={
             "permanent": lambda: PermanentJudgeError("bad request", Usage(llm_calls=1)),
             "busy": lambda: RateLimited(MODEL, 0.0),

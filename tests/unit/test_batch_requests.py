@@ -12,15 +12,9 @@ import pytest
 from recallq.batch_requests import (
     UNANSWERED,
     Answer,
-    AskAgain,
-    Claims,
-    Failed,
     InputFile,
     LineFailure,
-    Repair,
     Request,
-    ResendLater,
-    Verdicts,
     answer_usage,
     carry_verdicts,
     custom_id,
@@ -34,6 +28,7 @@ from recallq.batch_requests import (
 )
 from recallq.judge import protocol
 from recallq.outcomes import Stage
+from recallq.pipeline import AskAgain, Claims, Failed, Repair, ResendLater, Verdicts
 from recallq.prices import Price
 from recallq.scoring import Verdict
 

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import ast
 import tomllib
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 ROOTS = ("recallq", "api", "worker")
@@ -35,13 +36,25 @@ class Import:
     importer: str
     imported: str
     line: int
-    module_level: bool  # not inside a function, nor under `if TYPE_CHECKING:`
+    module_level: bool  # not inside a function
+    type_checking: bool = False  # under `if TYPE_CHECKING:`: never runs
 
 
-def declared_layers() -> list[Layer]:
+def _layers_contract() -> dict[str, Any]:
     config = tomllib.loads((REPO / "pyproject.toml").read_text())
     contracts = config["tool"]["importlinter"]["contracts"]
     (contract,) = [c for c in contracts if c["type"] == "layers"]
+    return dict(contract)
+
+
+def ignored_imports() -> set[tuple[str, str]]:
+    """The contract's ignore_imports, as (importer, imported)."""
+    pairs = (line.split("->") for line in _layers_contract().get("ignore_imports", []))
+    return {(importer.strip(), imported.strip()) for importer, imported in pairs}
+
+
+def declared_layers() -> list[Layer]:
+    contract = _layers_contract()
     layers = []
     for position, text in enumerate(contract["layers"]):
         independent = ":" not in text
@@ -74,23 +87,25 @@ def _is_type_checking(node: ast.If) -> bool:
 _DEFERRED = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)
 
 
-def _imports_in(tree: ast.Module) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
-    """Every import statement, and whether it runs when the module is imported."""
+_Found = tuple[ast.Import | ast.ImportFrom, bool, bool]
 
-    def visit(
-        node: ast.AST, module_level: bool
-    ) -> Iterator[tuple[ast.Import | ast.ImportFrom, bool]]:
+
+def _imports_in(tree: ast.Module) -> Iterator[_Found]:
+    """Every import statement, whether it runs when the module is imported, and whether it
+    is for type checking only."""
+
+    def visit(node: ast.AST, module_level: bool, typing_only: bool) -> Iterator[_Found]:
         for child in ast.iter_child_nodes(node):
             if isinstance(child, ast.Import | ast.ImportFrom):
-                yield child, module_level
-            elif isinstance(child, _DEFERRED) or (
-                isinstance(child, ast.If) and _is_type_checking(child)
-            ):
-                yield from visit(child, False)
+                yield child, module_level and not typing_only, typing_only
+            elif isinstance(child, _DEFERRED):
+                yield from visit(child, False, typing_only)
+            elif isinstance(child, ast.If) and _is_type_checking(child):
+                yield from visit(child, module_level, True)
             else:
-                yield from visit(child, module_level)
+                yield from visit(child, module_level, typing_only)
 
-    yield from visit(tree, True)
+    yield from visit(tree, True, False)
 
 
 def imports(modules: Mapping[str, Path]) -> list[Import]:
@@ -104,7 +119,7 @@ def imports(modules: Mapping[str, Path]) -> list[Import]:
     found = []
     for importer, path in modules.items():
         package = importer if path.name == "__init__.py" else importer.rpartition(".")[0]
-        for node, module_level in _imports_in(ast.parse(path.read_text(), str(path))):
+        for node, module_level, typing_only in _imports_in(ast.parse(path.read_text())):
             targets: list[str] = []
             if isinstance(node, ast.Import):
                 targets = [alias.name for alias in node.names]
@@ -117,7 +132,7 @@ def imports(modules: Mapping[str, Path]) -> list[Import]:
             for target in targets:
                 imported = known(target)
                 if imported is not None and imported != importer:
-                    found.append(Import(importer, imported, node.lineno, module_level))
+                    found.append(Import(importer, imported, node.lineno, module_level, typing_only))
                     if not isinstance(node, ast.Import):
                         break  # the first (most specific) name that is a module
     return found
@@ -140,10 +155,15 @@ def layer_of(module: str, layers: Iterable[Layer]) -> tuple[Layer, str] | None:
     return best
 
 
-def upward(found: Iterable[Import], layers: list[Layer]) -> list[str]:
-    """Imports from a lower layer to a higher one, or between independent siblings."""
+def upward(
+    found: Iterable[Import], layers: list[Layer], ignored: Collection[tuple[str, str]] = ()
+) -> list[str]:
+    """Imports that run (type-checking ones aside) from a lower layer to a higher one, or
+    between independent siblings, except the `ignored` (importer, imported) pairs."""
     wrong = []
     for imp in found:
+        if imp.type_checking or (imp.importer, imp.imported) in ignored:
+            continue
         low, high = layer_of(imp.importer, layers), layer_of(imp.imported, layers)
         if low is None or high is None:
             continue  # the root packages' own __init__ (recallq, api, worker)
@@ -221,7 +241,7 @@ def test_every_module_is_in_a_declared_layer() -> None:
 
 
 def test_no_import_runs_up_the_layers() -> None:
-    assert upward(imports(source_modules()), declared_layers()) == []
+    assert upward(imports(source_modules()), declared_layers(), ignored_imports()) == []
 
 
 def test_no_import_cycle_at_module_level() -> None:
@@ -260,8 +280,10 @@ def test_the_checks_find_a_cycle_an_upward_import_and_a_sibling_import() -> None
         Import("low.z", "mid.x", 2, False),  # a function-level import counts
         Import("mid.x", "mid.y", 3, True),
         Import("mid.x.inner", "mid.x", 4, True),
+        Import("low", "top", 5, False, type_checking=True),  # never runs
+        Import("low", "mid.y", 6, True),  # ignored below
     ]
-    assert upward(found, layers) == [
+    assert upward(found, layers, {("low", "mid.y")}) == [
         "low.z:2 imports mid.x, a higher layer",
         "mid.x:3 imports its independent sibling mid.y",
     ]
@@ -287,5 +309,10 @@ def test_imports_are_read_relative_and_by_module(tmp_path: Path) -> None:
     }
     assert {(i.imported, i.module_level) for i in imports(modules) if i.importer == "pkg.a"} == {
         ("pkg.b", True),
-        ("pkg.sub.c", False),
+        ("pkg.sub.c", False),  # both the function's import and the TYPE_CHECKING one
     }
+    assert [i.type_checking for i in imports(modules) if i.importer == "pkg.a"] == [
+        False,
+        True,
+        False,
+    ]

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from recallq.engine import extraction_packs, split_usage
+from recallq.engine import extraction_packs
 from recallq.outcomes import Taken
+from recallq.pipeline import split_usage
 from recallq.usage import Usage
 
 

@@ -67,6 +67,11 @@ Config keys (``/_stub/config``, ``StubServer(**config)``; CLI flags for the firs
   ``completed`` once that many seconds have passed since its creation.
 * ``batch_line_fail_rate`` (0..1): seeded chance that a line fails with a 500 in the error
   file instead of being answered.
+* ``flip_rate`` (0..1), ``flip_seed`` (int), ``flip_per_call`` (bool): a judge that errs. Each
+  attribution verdict of the rule below is flipped with probability ``flip_rate``: decided by
+  a hash of the claim's text and ``flip_seed`` (the same claim flips in every call and every
+  run), or with ``flip_per_call`` drawn afresh in each call from the seeded RNG. The rule
+  (``attribute``) is then the "human" truth and the flip rate the judge's known error.
 * ``batch_max_requests`` (default 50,000), ``batch_max_bytes`` (default 200 MB): larger input
   files are refused (400) when a batch is created from them, as are duplicate custom_ids,
   lines that are not ``{"custom_id", "method": "POST", "url": <endpoint>, "body"}`` and
@@ -167,6 +172,9 @@ class StubConfig:
     batch_line_fail_rate: float = 0.0
     batch_max_requests: int = 50_000
     batch_max_bytes: int = 200 * 1024 * 1024
+    flip_rate: float = 0.0
+    flip_per_call: bool = False
+    flip_seed: int = 0
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply ``changes`` after validating every key and value (all or nothing)."""
@@ -187,7 +195,7 @@ def _coerce(key: str, value: Any) -> Any:
         if not number >= 0:  # also refuses NaN
             raise ValueError(f"{key} must be >= 0")
         return number
-    if key in ("rate_429", "rate_500", "batch_line_fail_rate"):
+    if key in ("rate_429", "rate_500", "batch_line_fail_rate", "flip_rate"):
         rate = float(value)
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"{key} must be within 0..1")
@@ -215,10 +223,12 @@ def _coerce(key: str, value: Any) -> Any:
         return None if value is None or int(value) <= 0 else int(value)
     if key == "seed":
         return None if value is None else int(value)
-    if key == "record_messages":
+    if key in ("record_messages", "flip_per_call"):
         if not isinstance(value, bool):
-            raise ValueError("record_messages must be a boolean")
+            raise ValueError(f"{key} must be a boolean")
         return value
+    if key == "flip_seed":
+        return int(value)
     raise ValueError(f"unknown config key: {key}")
 
 
@@ -333,6 +343,23 @@ def attribute(claims: list[tuple[int, str]], contexts: list[tuple[int, str]]) ->
             }
         )
     return verdicts
+
+
+def flips_claim(text: str, rate: float, seed: int) -> bool:
+    """Whether the deterministic flip mode flips the verdict on a claim of this text: the
+    same answer for the same text, seed and rate in every call and every process."""
+    if rate <= 0:
+        return False
+    digest = hashlib.sha256(f"{seed}\x00{text}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < rate
+
+
+def flipped(verdict: dict[str, Any], contexts: list[tuple[int, str]]) -> dict[str, Any]:
+    """The opposite verdict: a flipped "yes" cites the first context."""
+    if verdict["verdict"] == "yes":
+        return {**verdict, "verdict": "no", "context_indices": [], "reason": "stub: flipped"}
+    cited = [contexts[0][0]] if contexts else []
+    return {**verdict, "verdict": "yes", "context_indices": cited, "reason": "stub: flipped"}
 
 
 def packed_items(ground_truths: list[tuple[int, str]]) -> tuple[list[dict[str, Any]], int]:
@@ -812,10 +839,29 @@ class StubState:
         if schema == EXTRACTION:
             return {"claims": split_claims(ground_truth_text(data))}, None
         claims = indexed_texts(data["claims"], "claims")
-        verdicts = attribute(claims, indexed_texts(data["contexts"], "contexts"))
+        contexts = indexed_texts(data["contexts"], "contexts")
+        verdicts = self._flip(claims, contexts, attribute(claims, contexts))
         if verdicts and self._drop_last(data, claims, marked):
             return {"verdicts": verdicts[:-1]}, "dropped_verdict"
         return {"verdicts": verdicts}, None
+
+    def _flip(
+        self, claims: list[tuple[int, str]], contexts: list[tuple[int, str]], verdicts: list[dict]
+    ) -> list[dict]:
+        """The judge-error mode: each verdict flipped with probability flip_rate, decided by
+        the claim's text (flip_seed) or, with flip_per_call, drawn afresh in every call."""
+        rate = self.config.flip_rate
+        if rate <= 0:
+            return verdicts
+        texts = dict(claims)
+        out = []
+        for verdict in verdicts:
+            if self.config.flip_per_call:
+                flip = self.rng.random() < rate
+            else:
+                flip = flips_claim(texts[verdict["claim_index"]], rate, self.config.flip_seed)
+            out.append(flipped(verdict, contexts) if flip else verdict)
+        return out
 
     def _drop_last(self, data: dict[str, Any], claims: list[tuple[int, str]], marked: str) -> bool:
         """STUB_ALWAYS_DROP always drops; STUB_DROP_VERDICT drops once per claim set.

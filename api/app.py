@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api import errors, labels, pages, schemas
+from api import errors, label_pages, labels, pages, schemas
 from api.body import SpoolBudget
 from api.routes import router
 from recallq import broker
@@ -82,6 +82,7 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
     app.include_router(router)
     app.include_router(labels.router)
     pages.install(app)
+    app.include_router(label_pages.router)
     _docs(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.add_middleware(_SecurityHeaders)

@@ -28,6 +28,9 @@ from dataclasses import astuple, dataclass
 from typing import Any
 
 RESAMPLES = 2_000
+# below this many labelled items of a sample a bootstrap interval says little (with one item
+# the correction's spread is 0), so no corrected estimate is given
+MIN_CORRECTED_ITEMS = 5
 MAX_DISAGREEMENTS = 100  # claims listed where judge and person differ (the counts cover all)
 _Z95 = 1.959963984540054
 _DECIMALS = 4
@@ -290,7 +293,10 @@ def corrected(
     scale: float,
     seed: int = 0,
 ) -> dict[str, Any] | None:
-    """The contract's `corrected` object, or None when nothing can be corrected."""
+    """The contract's `corrected` object, or None when nothing can be corrected (fewer than
+    MIN_CORRECTED_ITEMS labelled items of the sample)."""
+    if len(sample) < MIN_CORRECTED_ITEMS:
+        return None
     score = corrected_mean_score(totals, sample, scale=scale, seed=seed)
     claims = corrected_claim_recall(totals, sample, seed=seed)
     if score is None or claims is None:

@@ -196,14 +196,6 @@ def list_labels(session: Session, run_id: str) -> list[dict[str, Any]]:
     ]
 
 
-def labels_of_item(session: Session, item_id: int) -> dict[int, ClaimLabel]:
-    """An item's labels by claim index (the item page)."""
-    return {
-        label.claim_idx: label
-        for label in session.scalars(select(ClaimLabel).where(ClaimLabel.item_id == item_id))
-    }
-
-
 def export_lines(labels: Iterable[dict[str, Any]], format: str) -> Iterator[str]:
     """The labels as JSONL or CSV text lines."""
     if format == "jsonl":
@@ -608,3 +600,50 @@ def against_view(session: Session, run: Run, other: Run, seed: int = 0) -> dict[
     body["flip_rate_ci95"] = flips["rate_ci95"]
     body["flipped"] = body.pop("disagreements")
     return body
+
+
+# --- the labelling page ----------------------------------------------------------------------
+
+
+def has_labels(session: Session, run_id: str) -> bool:
+    found = session.scalars(select(ClaimLabel.id).where(ClaimLabel.run_id == run_id).limit(1))
+    return found.first() is not None
+
+
+def item_labels(session: Session, run_id: str, item_key: str) -> dict[int, dict[str, Any]]:
+    """An item's labels by claim index (the item page)."""
+    rows = session.execute(
+        select(ClaimLabel)
+        .join(Item, Item.id == ClaimLabel.item_id)
+        .where(Item.run_id == run_id, Item.key == item_key)
+    )
+    return {label.claim_idx: {"verdict": label.verdict, "note": label.note} for (label,) in rows}
+
+
+@dataclass(frozen=True)
+class Step:
+    """One claim of the sample, in the order the labelling page walks them."""
+
+    item_key: str
+    item_position: int  # of the sample's items, from 0
+    claim_index: int
+    claims_of_item: int
+    label: str | None
+
+
+def walk(session: Session, run: Run, keys: Sequence[str]) -> list[Step]:
+    """Every claim of the sample's items, items in the order drawn, with its label if any."""
+    order = {key: position for position, key in enumerate(keys)}
+    rows = session.execute(
+        select(Item.key, Claim.idx, ClaimLabel.verdict)
+        .join(Claim, Claim.item_id == Item.id)
+        .outerjoin(
+            ClaimLabel, (ClaimLabel.item_id == Claim.item_id) & (ClaimLabel.claim_idx == Claim.idx)
+        )
+        .where(Item.run_id == run.id, Item.key.in_(list(keys)))
+    )
+    found = sorted(rows, key=lambda r: (order[r[0]], r[1]))
+    sizes: dict[str, int] = defaultdict(int)
+    for key, _, _ in found:
+        sizes[key] += 1
+    return [Step(key, order[key], idx, sizes[key], verdict) for key, idx, verdict in found]

@@ -12,6 +12,8 @@ RECALLQ_API_URL) and otherwise the local database; both ends run recallq.labels.
 from __future__ import annotations
 
 import argparse
+import csv
+import io
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -80,8 +82,8 @@ def _size(text: str) -> int:
 
 
 class LabelBackend(Protocol):
-    def draw(self, run_id: str, size: int, seed: int) -> tuple[list[str], list[str]]:
-        """Draw a sample: its item ids and the CSV lines of its claims."""
+    def draw(self, run_id: str, size: int, seed: int) -> tuple[list[str], str]:
+        """Draw a sample: its item ids and the CSV of its claims."""
         ...
 
     def import_file(self, run_id: str, data: bytes) -> dict[str, Any]: ...
@@ -95,11 +97,11 @@ class ApiLabels:
     def __init__(self, client: Client) -> None:
         self.client = client
 
-    def draw(self, run_id: str, size: int, seed: int) -> tuple[list[str], list[str]]:
+    def draw(self, run_id: str, size: int, seed: int) -> tuple[list[str], str]:
         path = f"/v1/runs/{run_id}/labels/sample"
         drawn = self.client.send("POST", path, json={"size": size, "seed": seed}).json()
         sheet = self.client.send("GET", path, params={"format": "csv"}).text
-        return list(drawn["item_ids"]), sheet.splitlines(keepends=True)
+        return list(drawn["item_ids"]), sheet
 
     def import_file(self, run_id: str, data: bytes) -> dict[str, Any]:
         kind = "application/x-ndjson" if data.lstrip().startswith(b"{") else "text/csv"
@@ -140,15 +142,15 @@ class LocalLabels:
             except labels.LabelError as exc:
                 raise CommandError(exc.message) from None
 
-    def draw(self, run_id: str, size: int, seed: int) -> tuple[list[str], list[str]]:
+    def draw(self, run_id: str, size: int, seed: int) -> tuple[list[str], str]:
         from recallq import labels
 
-        def work(session: Any) -> tuple[list[str], list[str]]:
+        def work(session: Any) -> tuple[list[str], str]:
             run = self._run(session, run_id)
             keys = labels.draw_sample(session, run, size, seed, None)
-            return keys, list(labels.sample_lines(labels.sample_rows(session, run, keys)))
+            return keys, "".join(labels.sample_lines(labels.sample_rows(session, run, keys)))
 
-        result: tuple[list[str], list[str]] = self._labels(work)
+        result: tuple[list[str], str] = self._labels(work)
         return result
 
     def import_file(self, run_id: str, data: bytes) -> dict[str, Any]:
@@ -222,12 +224,12 @@ def cmd_label(args: argparse.Namespace) -> int:
                 f"{len(result['problems'])} rows with problems"
             )
             return Exit.FAILED if result["problems"] else Exit.OK
-        keys, lines = backend.draw(args.run_id, args.sample, args.seed)
+        keys, sheet = backend.draw(args.run_id, args.sample, args.seed)
     finally:
         backend.close()
     with args.out.open("w", encoding="utf-8", newline="") as out:
-        out.writelines(lines)
-    claims = max(0, len(lines) - 1)
+        out.write(sheet)
+    claims = max(0, sum(1 for _ in csv.reader(io.StringIO(sheet))) - 1)
     print(
         f"{len(keys)} items ({claims} claims) drawn with seed {args.seed} into {args.out}: fill "
         f"in human_verdict (yes/no), then `recallq label {args.run_id} --import {args.out}`"
@@ -274,10 +276,10 @@ def describe(body: dict[str, Any]) -> str:
         f"judge precision {_value(body['precision'])}, recall {_value(body['recall'])} "
         "on supported claims",
         f"{'':14}{other} yes  {other} no",
-        f"judge yes   {c['judge_yes_human_yes']:>{len(other) + 5}} "
-        f"{c['judge_yes_human_no']:>{len(other) + 4}}",
-        f"judge no    {c['judge_no_human_yes']:>{len(other) + 5}} "
-        f"{c['judge_no_human_no']:>{len(other) + 4}}",
+        f"{'judge yes':14}{c['judge_yes_human_yes']:>{len(other) + 4}}  "
+        f"{c['judge_yes_human_no']:>{len(other) + 3}}",
+        f"{'judge no':14}{c['judge_no_human_yes']:>{len(other) + 4}}  "
+        f"{c['judge_no_human_no']:>{len(other) + 3}}",
     ]
     if "against" in body:
         lines.append(

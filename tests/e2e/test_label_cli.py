@@ -60,6 +60,7 @@ def test_sample_fill_in_import_agreement_and_corrected_gate(local_run: tuple[Pat
         assert reader.fieldnames == COLUMNS
         rows = list(reader)
     assert len({r["item_id"] for r in rows}) == 8
+    assert f"({len(rows)} claims)" in drawn.stdout
     assert all(r["human_verdict"] == "" and r["note"] == "" for r in rows)
 
     # the person rejects every claim the judge accepted in the first item, agrees elsewhere,

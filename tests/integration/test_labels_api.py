@@ -12,7 +12,15 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.integration.secured import bearer, error_of, key_id_of, make_key, secured_env, submit
+from tests.integration.secured import (
+    bearer,
+    error_of,
+    key_id_of,
+    make_key,
+    recallq,
+    secured_env,
+    submit,
+)
 from tests.services import start_api, start_worker
 
 FACTS = [
@@ -279,3 +287,30 @@ def test_the_same_judge_twice_agrees_with_itself(api: str, keys: dict[str, str],
     assert body["flip_rate"] == 0.0 and body["flipped"] == []
     unknown = httpx.get(f"{api}/v1/runs/{run}/agreement?against=nope", headers=bearer(keys["read"]))
     assert error_of(unknown) == (404, "not_found")
+
+
+def test_the_cli_labels_through_the_api(
+    api: str, env: dict[str, str], keys: dict[str, str], tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    run = _scored_run(api, keys["write"], n=6)
+    cli = {**env, "RECALLQ_API_URL": api, "RECALLQ_API_KEY": keys["write"]}
+    sheet = tmp_path / "to_label.csv"
+    drawn = recallq(cli, "label", run, "--sample", "5", "--seed", "2", "--out", str(sheet))
+    assert drawn.returncode == 0, drawn.stderr
+    with sheet.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert "5 items (15 claims)" in drawn.stdout and len(rows) == 15
+    for row in rows:
+        row["human_verdict"] = row["judge_verdict"]
+    with sheet.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    imported = recallq(cli, "label", run, "--import", str(sheet))
+    assert imported.returncode == 0 and "15 labels stored" in imported.stdout, imported.stderr
+    shown = recallq(cli, "agreement", run)
+    assert shown.returncode == 0 and "kappa 1" in shown.stdout, shown.stdout + shown.stderr
+    as_reader = recallq(
+        {**cli, "RECALLQ_API_KEY": keys["read"]}, "label", run, "--import", str(sheet)
+    )
+    assert as_reader.returncode == 2 and "403 forbidden" in as_reader.stderr

@@ -183,3 +183,18 @@ def test_a_read_key_cannot_label_and_a_forged_post_is_refused(
     )
     assert other.status == 403
     assert _labels(stack, run_id) == before
+
+    outsider = browser.new_context()
+    try:
+        page = sign_in(outsider, stack.url, stack.keys["beta_write"])
+        assert page.goto(f"{stack.url}/runs/{run_id}/label").status == 404
+        token = page.locator("input[name=csrf_token]").first.input_value()
+        theirs = outsider.request.post(
+            f"{stack.url}/runs/{run_id}/label",
+            form={"csrf_token": token, "item_id": item, "claim_index": "0", "verdict": "no"},
+            max_redirects=0,
+        )
+        assert theirs.status == 404  # another project's run, with a valid session and token
+    finally:
+        outsider.close()
+    assert _labels(stack, run_id) == before

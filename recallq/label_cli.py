@@ -37,7 +37,7 @@ def add_commands(sub: Any) -> None:
     action.add_argument("--sample", type=_size, metavar="N", help="draw N items at random")
     action.add_argument("--import", dest="import_file", type=Path, metavar="FILE",
                         help="a labels file (CSV or JSONL) to store")  # fmt: skip
-    label.add_argument("--seed", type=int, default=0, help="of the sample (default 0)")
+    label.add_argument("--seed", type=_seed, default=0, help="of the sample (default 0)")
     label.add_argument("--out", type=Path, help="the CSV to fill in (with --sample)")
     _add_api(label)
     label.set_defaults(func=cmd_label)
@@ -67,6 +67,12 @@ def _add_api(parser: argparse.ArgumentParser) -> None:
         metavar="URL",
         help="the API to ask (default RECALLQ_API_URL; without either, the local database)",
     )
+
+
+def _seed(text: str) -> int:
+    if not text.isdigit() or len(text) > 18:
+        raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more: {text!r}")
+    return int(text)
 
 
 def _size(text: str) -> int:

@@ -89,6 +89,13 @@ def test_sample_fill_in_import_agreement_and_corrected_gate(local_run: tuple[Pat
     assert corrected["mean_score"] <= corrected["judge_mean_score"]
     low = corrected["mean_score_ci95"][0]
 
+    report = cwd / "report.html"
+    written = _recallq(cwd, "report", run, "--out", str(report))
+    assert written.returncode == 0, written.stderr
+    html = report.read_text()
+    assert 'data-testid="agreement"' in html and 'data-testid="corrected-interval"' in html
+    assert f"{len(rows) - 1} claims of 8 items" in html
+
     passes = _recallq(cwd, "gate", run, "--min-score", str(max(0.0, low - 0.01)), "--corrected")
     assert passes.returncode == 0, passes.stderr
     assert "corrected mean score" in passes.stdout

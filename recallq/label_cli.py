@@ -4,6 +4,7 @@
     recallq label RUN --import labelled.csv                      store the filled-in file
     recallq agreement RUN [--by FIELD] [--against RUN] [--json]  judge vs person (or judge)
     recallq gate RUN --min-score X --corrected                   gate on the corrected lower bound
+    recallq rejudge RUN [--model M]                              the same claims, judged again
 
 Like the other client commands they ask the API when one is configured (`--api URL` or
 RECALLQ_API_URL) and otherwise the local database; both ends run recallq.labels.
@@ -51,6 +52,16 @@ def add_commands(sub: Any) -> None:
     agreement.add_argument("--json", action="store_true", help="the agreement as JSON")
     _add_api(agreement)
     agreement.set_defaults(func=cmd_agreement)
+
+    rejudge = sub.add_parser(
+        "rejudge", help="attribute a local run's claims again (another model, or the same)"
+    )
+    rejudge.add_argument("run_id")
+    rejudge.add_argument("--model", help="the judge of the new run (default: the run's own)")
+    rejudge.add_argument("--concurrency", type=int, help="judge calls in flight (threads)")
+    rejudge.add_argument("--quiet", action="store_true", help="no progress bar")
+    _add_api(rejudge)
+    rejudge.set_defaults(func=cmd_rejudge)
 
     gate = sub.choices["gate"]
     gate.add_argument(
@@ -357,3 +368,88 @@ def corrected_gate(args: argparse.Namespace) -> int:
         return Exit.FAILED
     print(f"gate passed: {bound} >= --min-score {gates.number(args.min_score)}")
     return Exit.OK
+
+
+def cmd_rejudge(args: argparse.Namespace) -> int:
+    """`recallq rejudge RUN [--model M]` (local runs): a new run of the same items whose judge
+    attributes the run's own claims, not claims it extracts again. The claims are handed over
+    through the claim cache: each scored item's claims are stored for (its ground truth, M),
+    so the new run finds them there and makes attribution calls only. An entry M already had
+    for a ground truth is kept (the cache is first-write-wins) and reported."""
+    import json
+    import tempfile
+
+    from recallq import local_commands, queries
+    from recallq.claim_cache import ClaimCache
+    from recallq.settings import Settings
+
+    settings = Settings()
+    if getattr(args, "api", None) or settings.api_url:
+        raise CommandError(
+            "rejudge works on local runs; a service run's claims_from is not built yet"
+        )
+    backend = open_labels(args)
+    assert isinstance(backend, LocalLabels)
+    try:
+        with backend.database.session() as session:
+            run = backend._run(session, args.run_id)
+            model = args.model or run.model
+            items = list(queries.iter_results(session, run.id, item_data=True))
+        kept = 0
+        with backend.database.transaction() as conn:
+            for item in items:
+                claims = [c["text"] for c in item["claims"]]
+                if item["status"] != "succeeded" or not claims or not item["ground_truth"]:
+                    continue
+                key = ClaimCache.key(item["ground_truth"], model, project=PROJECT)
+                held = ClaimCache.read(conn, [key]).get(key)
+                if held is None:
+                    ClaimCache.write(conn, key, claims)
+                elif held != claims:
+                    kept += 1
+    finally:
+        backend.close()
+    if kept:
+        print(
+            f"recallq: {kept} items keep the claims {model} extracted before; "
+            "`recallq agreement --against` compares the claims the runs share",
+            file=sys.stderr,
+        )
+    folder = Path(tempfile.mkdtemp(prefix="recallq-rejudge-"))
+    source = folder / f"rejudge-{args.run_id}.jsonl"
+    with source.open("w", encoding="utf-8") as out:
+        for item in items:
+            record = {
+                **(item["metadata"] or {}),
+                "id": item["id"],
+                "input": item["input"],
+                "output": item["output"],
+                "ground_truth": item["ground_truth"],
+                "context": item["context"],
+            }
+            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    run_args = argparse.Namespace(
+        file=source,
+        model=model,
+        name=f"rejudge of {args.run_id} by {model}",
+        context=None,
+        context_extractor=None,
+        map=None,
+        quiet=args.quiet,
+        scale=run.scale,
+        out=None,
+        format=None,
+        concurrency=args.concurrency,
+        fresh=True,
+        by=None,
+        report=None,
+        batch=False,
+        min_score=None,
+        max_failed=None,
+        argv=["rejudge", *getattr(args, "argv", [])[1:]],
+    )
+    try:
+        return local_commands.run(run_args)
+    finally:
+        source.unlink(missing_ok=True)
+        folder.rmdir()

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api import errors, label_pages, labels, pages, schemas
+from api import errors, label_pages, labels, metrics, pages, schemas
 from api.body import SpoolBudget
 from api.routes import router
 from recallq import broker
@@ -83,6 +83,7 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
     app.include_router(labels.router)
     pages.install(app)
     app.include_router(label_pages.router)
+    metrics.install(app, runtime)
     _docs(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.add_middleware(_SecurityHeaders)

@@ -90,6 +90,9 @@ class Settings(BaseSettings):
     # long random string, the same for every API process) so that a copy of the keys table
     # is not enough to forge a browser session
     session_secret: str | None = None
+    # who may read the API's GET /metrics: a client sending `Authorization: Bearer` this
+    # token; unset, only clients on this host (loopback). Never an API key (docs/operations.md)
+    metrics_token: str | None = None
 
     # contexts: what one item may be judged against
     max_context_bytes: int = 1024 * 1024  # resolved passages of one item (or the run's static)

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api import errors, metrics, pages, schemas
+from api import errors, label_pages, labels, metrics, pages, schemas
 from api.body import SpoolBudget
 from api.routes import router
 from recallq import broker
@@ -80,7 +80,9 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
     errors.install(app)
     _allow_header_on_405(app)
     app.include_router(router)
+    app.include_router(labels.router)
     pages.install(app)
+    app.include_router(label_pages.router)
     metrics.install(app, runtime)
     _docs(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]

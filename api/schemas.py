@@ -11,6 +11,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from recallq import scoring
+
 
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -224,7 +226,12 @@ class RunSubmission(BaseModel):
     mode: Literal["online", "batch"] = Field(
         "online", description="batch: through the provider's Batch API (a model marked batch)"
     )
-    scale: float = Field(1, gt=0, le=1_000_000)
+    scale: float = Field(
+        1,
+        ge=scoring.MIN_SCALE,
+        le=scoring.MAX_SCALE,
+        description="scores run from 0 to this (reported to 2 decimals)",
+    )
     context: list[Any] | str | None = Field(None, description="static context for every item")
     context_extractor: ToolResultsExtractor | JmespathExtractor | None = None
     retry_deadline_s: float | None = Field(None, gt=0, le=30 * 86400)
@@ -252,7 +259,7 @@ _DESCRIPTIONS = {
     413: "Body, line or item count over a limit",
     415: "Unsupported Content-Type",
     422: "The request is well-formed but not acceptable (the message says why)",
-    429: "Too many submissions for this key, or the project holds as much as it may "
-    "(`Retry-After` says when to retry)",
+    429: "Too many submissions or open result streams for this key, or the project holds as "
+    "much as it may (`Retry-After` says when to retry)",
     503: "The server is busy receiving other uploads; retry",
 }

@@ -309,9 +309,13 @@ def decode_run_cursor(cursor: str) -> RunCursor:
     """Raises ValueError for a cursor this module did not make."""
     try:
         created, run_id = json.loads(base64.urlsafe_b64decode(cursor.encode() + b"=="))
-        return datetime.fromisoformat(created), str(run_id)
+        when = datetime.fromisoformat(created)
     except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
         raise ValueError("not a runs cursor") from exc
+    # run ids are UUIDs: anything else (a NUL, a megabyte) is not one the database can compare
+    if not isinstance(run_id, str) or len(run_id) > 64 or not run_id.isprintable():
+        raise ValueError("not a runs cursor")
+    return when, run_id
 
 
 # --- items -----------------------------------------------------------------------------------
@@ -406,6 +410,7 @@ TABLE_TEXT = 160
 #: Items a text filter looks through for one page of the items table, at most.
 TEXT_SCAN = 20_000
 ItemsCursor = tuple[float | None, int]  # (score when sorted by score, idx)
+MAX_INDEX = 2**31 - 1  # items.idx is an INTEGER
 
 
 @dataclass(frozen=True)
@@ -541,16 +546,21 @@ def encode_items_cursor(cursor: ItemsCursor | None) -> str | None:
     return base64.urlsafe_b64encode(json.dumps(list(cursor)).encode()).decode()
 
 
-def decode_items_cursor(cursor: str) -> ItemsCursor:
-    """Raises ValueError for a cursor this module did not make."""
+def decode_items_cursor(cursor: str, by_score: bool = False) -> ItemsCursor:
+    """Raises ValueError for a cursor this module did not make: a page sorted by score
+    continues after a score (only scored items are on it), and an index is an INTEGER."""
     try:
         score, idx = json.loads(base64.urlsafe_b64decode(cursor.encode() + b"=="))
-    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
+        if isinstance(score, int | float) and not isinstance(score, bool):
+            score = float(score)
+    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError, OverflowError) as exc:
         raise ValueError("not an items cursor") from exc
-    valid_score = score is None or (
-        isinstance(score, int | float) and not isinstance(score, bool) and math.isfinite(score)
+    valid_score = (score is None and not by_score) or (
+        isinstance(score, float) and math.isfinite(score)
     )
-    if not valid_score or isinstance(idx, bool) or not isinstance(idx, int) or idx < 0:
+    if not valid_score or isinstance(idx, bool) or not isinstance(idx, int):
+        raise ValueError("not an items cursor")
+    if not 0 <= idx <= MAX_INDEX:
         raise ValueError("not an items cursor")
     return score, idx
 

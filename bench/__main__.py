@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from bench import harness, metrics, pages
+from bench import harness, metrics, pages, streams
 
 Row = tuple[str, ...]
 
@@ -209,7 +209,7 @@ def main() -> None:
     parser.add_argument("--ragas-items", type=int, default=400)
     parser.add_argument("--pages-items", type=int, default=100_000, help="items per run, pages")
     parser.add_argument("--pages-requests", type=int, default=20, help="timed requests per page")
-    sections = ["throughput", "cpu", "limit", "ragas", "cache", "big", "pages"]
+    sections = ["throughput", "cpu", "limit", "ragas", "cache", "big", "pages", "streams"]
     parser.add_argument("--sections", nargs="+", default=sections, choices=sections)
     parser.add_argument("--big-latency-ms", type=float, default=20)
     parser.add_argument("--big-concurrency", type=int, default=16)
@@ -227,6 +227,10 @@ def main() -> None:
         cache_table(args)
     if "big" in args.sections:
         big_tables(args)
+    if "streams" in args.sections:
+        print_table(
+            "Stalled /results readers (issue 19)", streams.table_rows(streams.stalled_readers())
+        )
     if "pages" in args.sections:
         pages_table(args)
 

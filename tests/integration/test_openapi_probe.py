@@ -1,0 +1,171 @@
+"""The served OpenAPI document is true: it describes the bodies, responses, error shape,
+status codes and bearer scheme; /docs loads nothing from another site; 405 says `Allow`.
+And schemathesis, fuzzing the running API from that document, finds no 5xx and no response
+that the document does not describe.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.secured import bearer, make_key, secured_env
+from tests.services import REPO, Process, start_api
+
+# what the document must hold true; the other schemathesis checks judge API design choices
+# (e.g. that any schema-valid body is accepted, which a run without a context is not)
+CHECKS = (
+    "not_a_server_error",
+    "status_code_conformance",
+    "content_type_conformance",
+    "response_headers_conformance",
+    "response_schema_conformance",
+    "ignored_auth",
+    "unsupported_method",
+    "positive_data_acceptance",
+)
+FUZZ_SECONDS = int(os.environ.get("RECALLQ_FUZZ_SECONDS", "90"))
+
+
+@pytest.fixture(scope="module")
+def env(service_env: dict[str, str]) -> dict[str, str]:
+    return secured_env(service_env, submissions_per_minute=0, max_active_runs_per_project=100000)
+
+
+@pytest.fixture(scope="module")
+def served(env: dict[str, str]) -> Iterator[tuple[str, str, Process]]:
+    key = make_key(env, "openapi", "admin")
+    process, url = start_api(env)
+    yield url, key, process
+    process.stop()
+
+
+@pytest.fixture(scope="module")
+def spec(served: tuple[str, str, Process]) -> dict[str, Any]:
+    return httpx.get(f"{served[0]}/openapi.json").json()
+
+
+def _operations(spec: dict[str, Any]) -> Iterator[tuple[str, str, dict[str, Any]]]:
+    for path, methods in spec["paths"].items():
+        for method, operation in methods.items():
+            yield path, method, operation
+
+
+def test_the_submission_body_is_described_as_json_and_ndjson(spec: dict[str, Any]) -> None:
+    body = spec["paths"]["/v1/runs"]["post"]["requestBody"]
+    assert body["required"] is True
+    assert set(body["content"]) == {"application/json", "application/x-ndjson"}
+    submission = spec["components"]["schemas"]["RunSubmission"]
+    assert submission["required"] == ["items"] and submission["additionalProperties"] is False
+    assert {"budget_usd", "budget_tokens", "context_extractor"} <= set(submission["properties"])
+    responses = spec["paths"]["/v1/runs"]["post"]["responses"]
+    assert set(responses) >= {"200", "202", "400", "401", "403", "408", "413", "415", "422", "429"}
+
+
+def test_every_error_response_has_the_error_shape(spec: dict[str, Any]) -> None:
+    assert "HTTPValidationError" not in spec["components"]["schemas"]
+    for path, _method, operation in _operations(spec):
+        for status, response in operation["responses"].items():
+            if status.startswith("4"):
+                schema = response["content"]["application/json"]["schema"]
+                assert schema == {"$ref": "#/components/schemas/ErrorResponse"}, (path, status)
+
+
+def test_every_v1_route_needs_the_bearer_key(spec: dict[str, Any]) -> None:
+    assert spec["components"]["securitySchemes"]["bearer"] == {
+        "type": "http",
+        "scheme": "bearer",
+        "description": spec["components"]["securitySchemes"]["bearer"]["description"],
+    }
+    for path, method, operation in _operations(spec):
+        if path.startswith("/v1/"):
+            assert operation.get("security") == [{"bearer": []}], (path, method)
+            assert "401" in operation["responses"], (path, method)
+            assert "200" in operation["responses"] or method in ("post", "delete"), (path, method)
+        else:
+            assert "security" not in operation, path
+    for path, method in (("/v1/runs/{run_id}/cancel", "post"), ("/v1/runs/{run_id}", "delete")):
+        assert "403" in spec["paths"][path][method]["responses"]
+
+
+def test_the_docs_load_nothing_from_another_site(served: tuple[str, str, Process]) -> None:
+    url = served[0]
+    page = httpx.get(f"{url}/docs")
+    assert page.status_code == 200
+    sources = re.findall(r"""(?:src|href)=["']([^"']+)["']""", page.text)
+    assert sources and all(source.startswith("/docs/static/") for source in sources), sources
+    assert "http://" not in page.text.replace("http://www.w3.org", "")
+    assert "https://" not in page.text
+    for source in sources:
+        assert httpx.get(f"{url}{source}").status_code == 200, source
+    assert httpx.get(f"{url}/redoc").status_code == 404
+
+
+def test_405_names_every_method_the_path_has(served: tuple[str, str, Process]) -> None:
+    url, key, _ = served
+    response = httpx.patch(f"{url}/v1/runs/some-run", headers=bearer(key))
+    assert response.status_code == 405
+    assert set(response.headers["allow"].split(", ")) >= {"GET", "DELETE"}
+    assert response.json()["error"]["code"] == "method_not_allowed"
+
+
+def test_responses_carry_careful_headers(served: tuple[str, str, Process]) -> None:
+    response = httpx.get(f"{served[0]}/healthz")
+    assert response.headers["x-content-type-options"] == "nosniff"
+    assert response.headers["x-frame-options"] == "DENY"
+
+
+@pytest.mark.slow
+def test_schemathesis_finds_no_5xx_and_no_response_off_the_spec(
+    served: tuple[str, str, Process], tmp_path: Path
+) -> None:
+    url, key, process = served
+    st = shutil.which("st", path=str(Path(sys.executable).parent)) or "st"
+    command = [
+        st,
+        "run",
+        f"{url}/openapi.json",
+        "--checks",
+        ",".join(CHECKS),
+        "--header",
+        f"Authorization: Bearer {key}",
+        "--max-examples",
+        "40",
+        "--max-time",
+        str(FUZZ_SECONDS),
+        "--seed",
+        "11",
+        # one thread: CPython 3.11's ast.parse, which Hypothesis calls, can fail spuriously
+        # when threads parse at once ("AST constructor recursion depth mismatch", gh-106905)
+        "--workers",
+        "1",
+        "--generation-database",
+        "none",
+        "--phases",
+        "examples,coverage,fuzzing",
+        "--no-color",
+        "--report",
+        "junit",
+        "--report-dir",
+        str(tmp_path),
+        # /readyz answers 503 by design while no worker runs (none does here)
+        "--exclude-path",
+        "/readyz",
+    ]
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": "tests.schemathesis_hooks", "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=FUZZ_SECONDS + 240
+    )
+    print(done.stdout[-6000:])
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    log = process.output()
+    assert "Traceback" not in log and '" 500' not in log

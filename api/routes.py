@@ -377,7 +377,11 @@ def _plain_text(value: str | None) -> str | None:
 
 MetadataField = Annotated[
     str | None,
-    Query(max_length=200, description="a metadata field: results per its value"),
+    Query(
+        max_length=200,
+        description="a metadata field: results per its value",
+        json_schema_extra={"pattern": "^[^\\u0000]*$"},  # no NUL (checked below)
+    ),
     AfterValidator(_plain_text),
 ]
 
@@ -393,7 +397,10 @@ def list_runs(
     status: RunStatusParam | None = None,
     name: Annotated[str | None, Query(max_length=200, description="exact run name")] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    cursor: Annotated[
+        str | None,
+        Query(max_length=200, json_schema_extra={"pattern": queries.RUN_CURSOR_PATTERN}),
+    ] = None,
 ) -> dict[str, Any]:
     """The project's runs, newest first: `{"runs": [run objects], "next_cursor": ...}`."""
     after = None
@@ -472,7 +479,17 @@ def _encode_cursor(index: int | None) -> str | None:
 
 
 ItemStatusParam = Literal["pending", "running", "succeeded", "failed", "cancelled"]
-Cursor = Annotated[str | None, Query(max_length=MAX_CURSOR_LENGTH)]
+# The cursors _encode_cursor makes (base64url of 1 to 9 digits), exactly: a cursor is opaque,
+# and the spec says which strings are one, so that a fuzzer of the spec sends only those as
+# valid (any other string is a 422 invalid_cursor).
+_DIGITS3 = "(?:[MN][DTjz]|O[DT])[AEIMQUYcgk][w-z0-5]"
+_DIGITS2 = "(?:[MN][DTjz]|O[DT])[AEIMQUYcgk]="
+_DIGITS1 = "(?:[MN][AQgw]|O[AQ])=="
+CURSOR_PATTERN = f"^(?:{_DIGITS3}){{0,2}}(?:{_DIGITS3}|{_DIGITS2}|{_DIGITS1})$"
+Cursor = Annotated[
+    str | None,
+    Query(max_length=MAX_CURSOR_LENGTH, json_schema_extra={"pattern": CURSOR_PATTERN}),
+]
 
 
 @router.get(

@@ -69,13 +69,13 @@ from recallq.batch_store import (
     LineState,
     NewLine,
 )
-from recallq.engine import cache_key
-from recallq.judge import protocol
+from recallq.claim_cache import ClaimCache
 from recallq.judge.base import NO_USAGE, PermanentJudgeError, TransientJudgeError, Usage
 from recallq.model_registry import ModelConfig, ModelRegistryError
 from recallq.models import utcnow
 from recallq.outcomes import Stage
 from recallq.prices import Price, batch_price
+from recallq.redact import Redactor
 from recallq.settings import Settings
 from recallq.store import BatchedItemStore, RunStore
 
@@ -110,9 +110,11 @@ class BatchLane:
         settings: Settings,
         api_for: Callable[[ModelConfig], BatchAPI] | None = None,
         completed: Callable[[str], None] = lambda run_id: None,
+        redact: Redactor | None = None,
     ) -> None:
         """`api_for` builds a model's provider Batch API (default: through litellm);
-        `completed` is told of each run the lane completes."""
+        `completed` is told of each run the lane completes; `redact` takes secrets out of
+        answers before they are stored (see recallq.redact)."""
         self.store = store
         self.items = items
         self.runs = runs
@@ -121,6 +123,7 @@ class BatchLane:
         self.completed = completed
         self.interval = settings.batch_poll_interval
         self._api_for = api_for or _litellm_api(settings.request_timeout)
+        self._redact = redact
         self._apis: dict[str, BatchAPI] = {}
         self._prices: dict[str, Price] = {}
 
@@ -164,9 +167,7 @@ class BatchLane:
                 break
         while unplanned := self.store.unplanned(run.id, CHUNK):
             keys = {
-                u.item_id: cache_key(
-                    u.ground_truth, run.model, protocol.PROMPT_VERSION, project=run.project
-                )
+                u.item_id: ClaimCache.key(u.ground_truth, run.model, project=run.project)
                 for u in unplanned
                 if u.ground_truth is not None and u.claims is None
             }
@@ -207,7 +208,7 @@ class BatchLane:
                 conn, item_id, outcome, usage, Stage.EXTRACTION, cache_hits=int(cache_hit)
             )
             return []
-        key = cache_key(ground_truth, run.model, protocol.PROMPT_VERSION, project=run.project)
+        key = ClaimCache.key(ground_truth, run.model, project=run.project)
         if not self.items.save_claims(conn, item_id, claims, usage, cache_hit, key):
             return []
         return self._after_claims(conn, run, item_id, tuple(claims), contexts)
@@ -424,7 +425,7 @@ class BatchLane:
             usage, state, error = FAILED_REQUEST, LineState.FAILED, result.error
         if not self.store.close_line(conn, request.line_id, batch.id, state, usage, error):
             return []  # applied by an earlier poll that crashed before it finished
-        decision = decide(request, result)
+        decision = decide(request, result, self.settings.answer_limits(), self._redact)
         asked = None if request.asked is None else list(request.asked)
         if isinstance(decision, Claims):
             assert row.ground_truth is not None

@@ -273,15 +273,23 @@ class Retry:
 Decision = Claims | Verdicts | AskAgain | Repair | Failed | Retry
 
 
-def decide(request: Request, result: LineResult | None) -> Decision:
-    """What a request's result means for its item (None: the batch did not answer it)."""
+def decide(
+    request: Request,
+    result: LineResult | None,
+    limits: protocol.AnswerLimits = protocol.DEFAULT_LIMITS,
+    redact: protocol.Redact | None = None,
+) -> Decision:
+    """What a request's result means for its item (None: the batch did not answer it), within
+    the answer limits, with secrets out of the answer (`redact`)."""
     if result is None:
         result = UNANSWERED
     if isinstance(result, LineFailure):
         return Retry(result.error) if result.transient else Failed(result.error)
     schema = SCHEMA[request.stage]
     try:
-        data = protocol.parse_answer(schema, result.content, result.finish_reason)
+        data = protocol.parse_answer(schema, result.content, result.finish_reason, limits, redact)
+    except protocol.AnswerTooLarge as too_large:  # never repaired: see judge.protocol
+        return Failed(f"{schema}: {too_large}")
     except protocol.ProtocolError as problem:
         if request.is_repair:
             return Failed(f"{schema}: malformed answer after a repair request: {problem}")

@@ -16,8 +16,6 @@ task per stage) and in local mode (a thread pool); `WorkQueue` is how it sends w
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from collections import defaultdict
@@ -26,6 +24,7 @@ from datetime import UTC, datetime
 from typing import Protocol
 
 from recallq import scoring
+from recallq.claim_cache import ClaimCache
 from recallq.coordination.gate import RunCancelled
 from recallq.judge.base import (
     NO_USAGE,
@@ -66,13 +65,6 @@ class Owners(Protocol):
     def new_token(self) -> str: ...
 
     def holder_alive(self, owner: str) -> bool: ...
-
-
-def cache_key(ground_truth: str, model: str, prompt_version: str, *, project: str) -> str:
-    """The claim cache's key. It includes the project: a hit must never tell one project
-    that another scored the same ground truth (or hand it the claims extracted there)."""
-    payload = json.dumps([project, ground_truth, model, prompt_version], ensure_ascii=False)
-    return hashlib.sha256(payload.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class Engine:
@@ -209,9 +201,7 @@ class Engine:
         uncached: list[tuple[Taken, str]] = []
         for taken in needed:
             assert taken.ground_truth is not None  # take ended items without one
-            key = cache_key(
-                taken.ground_truth, taken.model, judge.prompt_version, project=taken.project
-            )
+            key = ClaimCache.key(taken.ground_truth, taken.model, project=taken.project)
             cached = self.items.cached_claims(key)
             if cached is None:
                 uncached.append((taken, key))

@@ -20,7 +20,7 @@ from sqlalchemy.orm import Session
 
 from recallq import context as ctx
 from recallq import dataset, estimate, inputs, queries, scoring
-from recallq.engine import cache_key
+from recallq.claim_cache import ClaimCache
 from recallq.model_registry import LEXICAL, ModelConfig
 from recallq.models import Run, RunMode
 from recallq.settings import DEFAULT_RETRY_DEADLINE, Settings
@@ -317,13 +317,12 @@ def estimate_run(
     estimator = estimate.estimator_for(
         spec.model, models, settings.extraction_pack, settings.extraction_pack_tokens, spec.mode
     )
-    version = estimate.prompt_version(spec.model)
     rows = ItemRows(items, spec, settings.max_items_per_run)
     pending: list[dict[str, Any]] = []
 
     def add(pending: list[dict[str, Any]]) -> None:
         truths = [row["ground_truth"] for row in pending if row["ground_truth"] is not None]
-        keys = {text: cache_key(text, spec.model, version, project=spec.project) for text in truths}
+        keys = {text: ClaimCache.key(text, spec.model, project=spec.project) for text in truths}
         cached = (
             queries.cached_claims(session, list(keys.values())) if spec.model != LEXICAL else {}
         )

@@ -32,9 +32,10 @@ from sqlalchemy.orm import Session, aliased, defer
 from recallq import compare as ab
 from recallq import kept
 from recallq.batch_store import run_lane_view
+from recallq.claim_cache import ClaimCache
 from recallq.db import Database
 from recallq.groups import GroupedItem, summarise_groups
-from recallq.models import Claim, ClaimCache, Item, Run
+from recallq.models import Claim, Item, Run
 from recallq.status import ItemStatus, public_item_status, stored_item_statuses
 
 #: Buckets of a run's score histogram (each a fifth of the scale; the last includes the top).
@@ -899,9 +900,4 @@ def run_spent(database: Database, run_id: str) -> tuple[float, int]:
 
 def cached_claims(session: Session, keys: list[str]) -> dict[str, list[str]]:
     """The claim cache's claims for those of these keys it holds."""
-    if not keys:
-        return {}
-    rows = session.execute(
-        select(ClaimCache.key, ClaimCache.claims).where(ClaimCache.key.in_(keys))
-    )
-    return {key: list(claims) for key, claims in rows}
+    return ClaimCache.read(session, keys)

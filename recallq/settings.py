@@ -9,7 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from pydantic import PositiveInt
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from recallq.judge.protocol import AnswerLimits
 
 DEFAULT_LOCAL_DATABASE_URL = "sqlite:///recallq.db"
 DEFAULT_RETRY_DEADLINE = 6 * 3600.0
@@ -29,6 +32,11 @@ class Settings(BaseSettings):
     max_attempts: int = 5  # judge calls per stage, transient failures included
     extraction_pack: int = 8  # ground truths per extraction call (a model may set fewer)
     extraction_pack_tokens: int = 4000  # and about this many tokens of them at most
+    # judge answers are untrusted: beyond these an item fails, saying which (judge.protocol)
+    judge_max_answer_bytes: PositiveInt = 1024 * 1024  # one answer, checked before it is parsed
+    judge_max_claims: PositiveInt = 500  # claims of one item
+    judge_max_claim_chars: PositiveInt = 2000  # one claim
+    judge_max_reason_chars: PositiveInt = 2000  # one verdict's reason
     retry_base_delay: float = 0.5
     retry_max_delay: float = 30.0
     request_timeout: float = 120.0
@@ -91,3 +99,12 @@ class Settings(BaseSettings):
     max_context_bytes: int = 1024 * 1024  # resolved passages of one item (or the run's static)
     max_context_passages: int = 1000
     jmespath_timeout: float = 0.5  # one item's context_extractor evaluation
+
+    def answer_limits(self) -> AnswerLimits:
+        """What a judge's answer may hold (the RECALLQ_JUDGE_MAX_* settings)."""
+        return AnswerLimits(
+            self.judge_max_answer_bytes,
+            self.judge_max_claims,
+            self.judge_max_claim_chars,
+            self.judge_max_reason_chars,
+        )

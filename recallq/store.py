@@ -70,19 +70,19 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from recallq.claim_cache import ClaimCache
 from recallq.db import Database
 from recallq.judge.base import Usage
-from recallq.models import Claim, ClaimCache, Item, Run, RunMode, as_utc, utcnow
+from recallq.models import Claim, Item, Run, RunMode, as_utc, utcnow
 from recallq.outcomes import Deferred, Ended, Skipped, SkipReason, Stage, Taken
 from recallq.scoring import Outcome, Verdict
 from recallq.settings import Settings
 from recallq.status import ITEM_ENDED, ITEM_IN_FLIGHT, RUN_ENDED, ItemStatus, RunStatus
 
-items, runs, claims_table, cache = (
+items, runs, claims_table = (
     cast(Table, Item.__table__),
     cast(Table, Run.__table__),
     cast(Table, Claim.__table__),
-    cast(Table, ClaimCache.__table__),
 )
 
 TAKE_READ = (
@@ -104,7 +104,6 @@ TAKE_READ = (
     .join_from(items, runs, runs.c.id == items.c.run_id)
     .where(items.c.id == bindparam("item_id"))
 )
-CACHED_CLAIMS = select(cache.c.claims).where(cache.c.key == bindparam("key"))
 STORED_CLAIMS = (
     select(claims_table.c.text)
     .where(claims_table.c.item_id == bindparam("item_id"))
@@ -248,11 +247,6 @@ def _insert(dialect: str, table: Table) -> postgresql.Insert | sqlite.Insert:
 @lru_cache
 def _claims_insert(dialect: str) -> Insert:
     return _insert(dialect, claims_table).on_conflict_do_nothing().returning(claims_table.c.idx)
-
-
-@lru_cache
-def _cache_insert(dialect: str) -> Insert:
-    return _insert(dialect, cache).on_conflict_do_nothing()
 
 
 @lru_cache
@@ -431,8 +425,7 @@ class ItemStore:
     def cached_claims(self, key: str) -> list[str] | None:
         """Claims the claim cache holds for this key (ground truth, model, prompt version)."""
         with self._db.single_statement() as conn:
-            found = conn.execute(CACHED_CLAIMS, {"key": key}).scalar()
-        return None if found is None else list(found)
+            return ClaimCache.read(conn, [key]).get(key)
 
     # --- while running ----------------------------------------------------------------------
 
@@ -457,9 +450,7 @@ class ItemStore:
             if not self._write_owned(conn, taken, values):
                 return Skipped(SkipReason.NOT_OWNED)
             if not cache_hit:
-                conn.execute(
-                    _cache_insert(conn.dialect.name), [{"key": cache_key, "claims": claims}]
-                )
+                ClaimCache.write(conn, cache_key, claims)
             rows = [{"item_id": taken.item_id, "idx": i, "text": t} for i, t in enumerate(claims)]
             inserted = conn.execute(_claims_insert(conn.dialect.name), rows).all()
             stored = tuple(claims)
@@ -659,7 +650,7 @@ class BatchedItemStore:
         if not self._write(conn, item_id, values):
             return False
         if not cache_hit:
-            conn.execute(_cache_insert(conn.dialect.name), [{"key": cache_key, "claims": claims}])
+            ClaimCache.write(conn, cache_key, claims)
         rows = [{"item_id": item_id, "idx": i, "text": text} for i, text in enumerate(claims)]
         if rows:
             conn.execute(_claims_insert(conn.dialect.name), rows)

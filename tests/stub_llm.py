@@ -39,6 +39,10 @@ Content markers (in a ground truth, claim or context text):
   markers above do not apply to a packed answer (its items are plain claim lists), so the
   same text can fail a single call and still be packed, or the other way round.
 * any call: ``STUB_HTTP_400`` -> 400 for the whole request.
+* hostile answers: ``STUB_HUGE_CLAIMS`` in a ground truth adds 20,000 filler claims (about
+  4.3 MB) to its extraction, single or packed; ``STUB_HUGE_REASON`` in a claim or context
+  gives every verdict a 100,000-character reason. ``STUB_INJECT`` in a packed ground truth is
+  an instruction the stub obeys only with ``follow_injections`` set (below).
 
 Request handling order for chat completions: parse; an outage answers with its status; a key
 in ``reject_keys`` gets 401; validation (malformed input, ``stream=true``, ``STUB_HTTP_400``
@@ -67,6 +71,14 @@ Config keys (``/_stub/config``, ``StubServer(**config)``; CLI flags for the firs
   ``completed`` once that many seconds have passed since its creation.
 * ``batch_line_fail_rate`` (0..1): seeded chance that a line fails with a 500 in the error
   file instead of being answered.
+* ``follow_injections`` (null, ``"prepend"`` or ``"replace"``): a judge that follows an
+  instruction in a packed ground truth holding ``STUB_INJECT``: every *other* index of the
+  pack is answered with that ground truth's first claim, either in extra entries before the
+  honest ones (``prepend``: those indices are answered twice) or instead of them
+  (``replace``).
+* ``echo_authorization`` (bool): every answer carries the request's ``Authorization``
+  header: each claim list (single or packed) gets the claims ``"Authorization: <header>"``
+  and ``"The request key is <key>"``, and each verdict's reason ends with the key.
 * ``batch_max_requests`` (default 50,000), ``batch_max_bytes`` (default 200 MB): larger input
   files are refused (400) when a batch is created from them, as are duplicate custom_ids,
   lines that are not ``{"custom_id", "method": "POST", "url": <endpoint>, "body"}`` and
@@ -127,6 +139,13 @@ MARK_DROP_VERDICT = "STUB_DROP_VERDICT"
 MARK_ALWAYS_DROP = "STUB_ALWAYS_DROP"
 MARK_PACK_DROP = "STUB_PACK_DROP"
 MARK_PACK_BROKEN = "STUB_PACK_BROKEN"
+# hostile judges (judge answers are untrusted input)
+MARK_INJECT = "STUB_INJECT"
+MARK_HUGE_CLAIMS = "STUB_HUGE_CLAIMS"
+MARK_HUGE_REASON = "STUB_HUGE_REASON"
+HUGE_CLAIMS = 20_000  # about 4.3 MB of claims, as the judge of issue 19 answered
+HUGE_REASON_CHARS = 100_000
+INJECT_STYLES = ("prepend", "replace")
 
 RPM_WINDOW_S = 60.0
 READY_PREFIX = "STUB_READY "
@@ -167,6 +186,8 @@ class StubConfig:
     batch_line_fail_rate: float = 0.0
     batch_max_requests: int = 50_000
     batch_max_bytes: int = 200 * 1024 * 1024
+    follow_injections: str | None = None  # None, "prepend" or "replace" (module docstring)
+    echo_authorization: bool = False
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply ``changes`` after validating every key and value (all or nothing)."""
@@ -215,9 +236,13 @@ def _coerce(key: str, value: Any) -> Any:
         return None if value is None or int(value) <= 0 else int(value)
     if key == "seed":
         return None if value is None else int(value)
-    if key == "record_messages":
+    if key in ("record_messages", "echo_authorization"):
         if not isinstance(value, bool):
-            raise ValueError("record_messages must be a boolean")
+            raise ValueError(f"{key} must be a boolean")
+        return value
+    if key == "follow_injections":
+        if value is not None and value not in INJECT_STYLES:
+            raise ValueError(f"follow_injections must be null or one of {INJECT_STYLES}")
         return value
     raise ValueError(f"unknown config key: {key}")
 
@@ -342,11 +367,20 @@ def packed_items(ground_truths: list[tuple[int, str]]) -> tuple[list[dict[str, A
     client may mix packed and single answers for the same ground truths.
     """
     items = [
-        {"index": index, "claims": split_claims(text)}
+        {"index": index, "claims": extraction_claims(text)}
         for index, text in ground_truths
         if MARK_PACK_DROP not in text
     ]
     return items, len(ground_truths) - len(items)
+
+
+def extraction_claims(ground_truth: str) -> list[str]:
+    """The honest claims of a ground truth, plus 20,000 filler claims for STUB_HUGE_CLAIMS."""
+    claims = split_claims(ground_truth)
+    if MARK_HUGE_CLAIMS in ground_truth:
+        filler = "This filler claim was answered by a judge that never stops talking " * 3
+        claims += [f"{filler}(number {n})" for n in range(HUGE_CLAIMS)]
+    return claims
 
 
 def ground_truth_text(data: dict[str, Any]) -> str:
@@ -787,10 +821,10 @@ class StubState:
 
     # -- judging ------------------------------------------------------------------------
 
-    def answer(self, schema: str, data: dict[str, Any]) -> Answer:
+    def answer(self, schema: str, data: dict[str, Any], authorization: str | None = None) -> Answer:
         marked = marker_text(schema, data)
         if schema == EXTRACTION_PACKED:
-            return self._packed_answer(data, marked)
+            return self._hostile(self._packed_answer(data, marked), authorization)
         if MARK_BROKEN_JSON in marked:
             opening = '{"claims": [' if schema == EXTRACTION else '{"verdicts": ['
             return Answer(opening, fault=MARK_BROKEN_JSON)
@@ -800,19 +834,56 @@ class StubState:
         content = json.dumps(payload)
         if MARK_TRUNCATE in marked:
             return Answer(content[: max(1, len(content) // 2)], "length", MARK_TRUNCATE)
-        return Answer(content, fault=fault)
+        return self._hostile(Answer(content, fault=fault), authorization)
+
+    def _hostile(self, answer: Answer, authorization: str | None) -> Answer:
+        """The answer with the request's Authorization header echoed into it, when so set."""
+        if not self.config.echo_authorization or authorization is None:
+            return answer
+        try:
+            payload = json.loads(answer.content)
+        except ValueError:
+            return answer
+        key = bearer_key(authorization) or authorization
+        echoed = [f"Authorization: {authorization}", f"The request key is {key}"]
+        if isinstance(payload.get("claims"), list):
+            payload["claims"] += echoed
+        for entry in payload.get("items") or []:
+            entry["claims"] += echoed
+        for verdict in payload.get("verdicts") or []:
+            verdict["reason"] += f" (sent with key {key})"
+        return Answer(json.dumps(payload), answer.finish_reason, "echoed_authorization")
 
     def _packed_answer(self, data: dict[str, Any], marked: str) -> Answer:
         if MARK_PACK_BROKEN in marked:
             return Answer('{"items": [', fault=MARK_PACK_BROKEN)
-        items, dropped = packed_items(indexed_texts(data["ground_truths"], "ground_truths"))
+        ground_truths = indexed_texts(data["ground_truths"], "ground_truths")
+        items, dropped = packed_items(ground_truths)
+        style = self.config.follow_injections
+        injector = next((text for _, text in ground_truths if MARK_INJECT in text), None)
+        if style is not None and injector is not None:
+            injected = split_claims(injector)[:1]
+            forged = [
+                {"index": index, "claims": injected}
+                for index, text in ground_truths
+                if text is not injector
+            ]
+            if style == "prepend":
+                items = forged + items
+            else:
+                by_index = {entry["index"]: entry for entry in forged}
+                items = [by_index.get(entry["index"], entry) for entry in items]
+            return Answer(json.dumps({"items": items}), fault="followed_injection")
         return Answer(json.dumps({"items": items}), fault="pack_dropped" if dropped else None)
 
     def _payload(self, schema: str, data: dict[str, Any], marked: str) -> tuple[dict, str | None]:
         if schema == EXTRACTION:
-            return {"claims": split_claims(ground_truth_text(data))}, None
+            return {"claims": extraction_claims(ground_truth_text(data))}, None
         claims = indexed_texts(data["claims"], "claims")
         verdicts = attribute(claims, indexed_texts(data["contexts"], "contexts"))
+        if MARK_HUGE_REASON in marked:
+            for verdict in verdicts:
+                verdict["reason"] = "because " * (HUGE_REASON_CHARS // 8)
         if verdicts and self._drop_last(data, claims, marked):
             return {"verdicts": verdicts[:-1]}, "dropped_verdict"
         return {"verdicts": verdicts}, None
@@ -834,10 +905,14 @@ class StubState:
         return True
 
     def complete(
-        self, body: dict[str, Any], schema: str, data: dict[str, Any]
+        self,
+        body: dict[str, Any],
+        schema: str,
+        data: dict[str, Any],
+        authorization: str | None = None,
     ) -> tuple[Answer, dict[str, Any]]:
         """The judge answer and the chat.completion object carrying it (live and batch)."""
-        answer = self.answer(schema, data)
+        answer = self.answer(schema, data, authorization)
         prompt_chars = sum(len(message_text(m)) for m in body.get("messages") or [])
         request_id = f"chatcmpl-stub-{next(self.ids)}"
         return answer, completion_body(request_id, str(body.get("model", "")), answer, prompt_chars)
@@ -1098,7 +1173,7 @@ def create_app(config: StubConfig | None = None) -> Any:
                 500, error_body(SERVER_ERROR_MESSAGE, "server_error", None), "injected_500"
             )
         assert schema is not None and data is not None
-        answer, payload = state.complete(body, schema, data)
+        answer, payload = state.complete(body, schema, data, request.headers.get("authorization"))
         entry.update(status=200, fault=answer.fault)
         state.record(entry)
         return json_response(payload, headers={"x-request-id": payload["id"], **rate_headers()})

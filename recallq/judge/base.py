@@ -119,7 +119,6 @@ class Judge(Protocol):
     """
 
     name: str
-    prompt_version: str
 
     def extract_claims(self, ground_truth: str, run_id: str) -> JudgeReply: ...
 

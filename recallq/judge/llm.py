@@ -93,8 +93,6 @@ class Completion:
 
 
 class LLMJudge:
-    prompt_version = protocol.PROMPT_VERSION
-
     def __init__(
         self,
         config: ModelConfig,
@@ -104,10 +102,11 @@ class LLMJudge:
         breaker: CircuitBreaker,
         timeout: float,
         redact: Redactor | None = None,
+        limits: protocol.AnswerLimits = protocol.DEFAULT_LIMITS,
     ) -> None:
-        """`redact` takes secrets out of provider error text before it is stored or logged
-        (the runtime builds it with every configured key; without one, the key of this model
-        and the usual patterns)."""
+        """`redact` takes secrets out of provider error text and out of answers before they
+        are stored or logged (the runtime builds it with every configured key; without one,
+        the key of this model and the usual patterns). `limits` bound what an answer may hold."""
         patches.prepare_litellm()
         self.name = config.name
         self._gate = gate
@@ -116,6 +115,7 @@ class LLMJudge:
         self._policy = policy
         self._limiter = limiter
         self._timeout = timeout
+        self._limits = limits
         self._redact = redact or Redactor(
             value for value in self._params.values() if isinstance(value, str)
         )
@@ -150,10 +150,11 @@ class LLMJudge:
         messages = protocol.packed_extraction_messages(ground_truths)
         answer = self._complete(protocol.EXTRACTION_PACKED, messages, run_id)
         try:
-            data = _parse(protocol.EXTRACTION_PACKED, answer)
-        except protocol.ProtocolError:
+            data = self._parse(protocol.EXTRACTION_PACKED, answer)
+        except protocol.ProtocolError:  # too large as well: each item is then bounded alone
             return PackedReply({}, answer.usage)
-        return PackedReply(protocol.packed_claims(data, len(ground_truths)), answer.usage)
+        claims = protocol.packed_claims(data, ground_truths, self._limits)
+        return PackedReply(claims, answer.usage)
 
     def attribute(self, claims: list[str], contexts: list[str], run_id: str) -> JudgeReply:
         messages = protocol.attribution_messages(claims, contexts)
@@ -164,9 +165,9 @@ class LLMJudge:
         request does, the first call was answered and is charged."""
         first = self._complete(schema, messages, run_id)
         try:
-            return JudgeReply(
-                protocol.parse_answer(schema, first.content, first.finish_reason), first.usage
-            )
+            return JudgeReply(self._parse(schema, first), first.usage)
+        except protocol.AnswerTooLarge as too_large:
+            raise PermanentJudgeError(f"{schema}: {too_large}", first.usage) from None
         except protocol.ProtocolError as problem:
             repair = protocol.repair_messages(messages, first.content, str(problem))
         try:
@@ -176,13 +177,19 @@ class LLMJudge:
             raise
         usage = first.usage + second.usage
         try:
-            return JudgeReply(
-                protocol.parse_answer(schema, second.content, second.finish_reason), usage
-            )
+            return JudgeReply(self._parse(schema, second), usage)
+        except protocol.AnswerTooLarge as too_large:
+            raise PermanentJudgeError(f"{schema}: {too_large}", usage) from None
         except protocol.ProtocolError as still:
             raise PermanentJudgeError(
                 f"{schema}: malformed answer after a repair request: {still}", usage
             ) from still
+
+    def _parse(self, schema: str, completion: Completion) -> dict[str, Any]:
+        """The answer parsed within the limits, every configured secret out of it."""
+        return protocol.parse_answer(
+            schema, completion.content, completion.finish_reason, self._limits, self._redact
+        )
 
     def _complete(self, schema: str, messages: list[dict[str, str]], run_id: str) -> Completion:
         estimate = _estimate_tokens(messages)
@@ -244,10 +251,6 @@ class LLMJudge:
                 wait,
             )
         return decision if isinstance(decision, Probe) else None
-
-
-def _parse(schema: str, completion: Completion) -> dict[str, Any]:
-    return protocol.parse_answer(schema, completion.content, completion.finish_reason)
 
 
 def _clean(exc: Exception, redact: Redactor) -> str:

@@ -585,7 +585,8 @@ async def results(
     media = export.MEDIA_TYPES[format]
     headers = {"Content-Disposition": f'attachment; filename="{run_id}.{format}"'}
     pages = streams.paged_bytes(_results_page(runtime, run_id, format, item_data))
-    return streams.SlottedStream(slots, key, pages, media_type=media, headers=headers)
+    stall = runtime.settings.results_stall_timeout
+    return streams.SlottedStream(slots, key, stall, pages, media_type=media, headers=headers)
 
 
 # --- actions --------------------------------------------------------------------------------

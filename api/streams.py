@@ -8,19 +8,25 @@ a reader that stops reading holds one page and one slice in the API's memory, no
 run. (A 500-item page of a 50 MB run was 8 MB pinned per stalled reader before.)
 
 Each key may have `max_result_streams_per_key` streams open at once in one API process (429
-beyond): a client cannot hold more of the API's memory and connections by opening more.
+beyond): a client cannot hold more of the API's memory and connections by opening more; and a
+stream whose reader takes nothing for `results_stall_timeout` seconds ends, giving its slot
+back.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
+import anyio
 import anyio.to_thread
 from fastapi.responses import StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.types import Message, Receive, Scope, Send
 
 from api.errors import ApiError
 
+log = logging.getLogger(__name__)
 PAGE_BYTES = 512 * 1024
 SLICE_BYTES = 64 * 1024
 FIRST_PAGE_ITEMS = 20
@@ -84,14 +90,26 @@ async def paged_bytes(render: RenderPage) -> AsyncIterator[bytes]:
 
 class SlottedStream(StreamingResponse):
     """A streaming response that gives its key's slot back however it ends (done, the client
-    gone, an error)."""
+    gone, an error), and ends when its reader takes nothing for `stall_timeout` seconds (a
+    slice waits for the socket to drain: a reader slower than about a slice per timeout)."""
 
-    def __init__(self, slots: StreamSlots, key: str, *args: object, **kwargs: object) -> None:
-        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
-        self._slots, self._key = slots, key
+    def __init__(
+        self, slots: StreamSlots, key: str, stall_timeout: float, *args: Any, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self._slots, self._key, self._stall_timeout = slots, key, stall_timeout
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def send_or_give_up(message: Message) -> None:
+            with anyio.fail_after(self._stall_timeout):
+                await send(message)
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send_or_give_up)
+        except TimeoutError:
+            # the response cannot be finished: the server closes the connection
+            log.warning(
+                "a /results reader took nothing for %g s; its stream ends", self._stall_timeout
+            )
         finally:
             self._slots.give_back(self._key)

@@ -78,6 +78,7 @@ class Settings(BaseSettings):
     body_grace: float = 10.0
     insert_batch_size: int = 1000
     max_result_streams_per_key: int = 8  # /results streams open at once per key (429 beyond)
+    results_stall_timeout: float = 120.0  # a /results reader taking nothing this long is cut
 
     # security: keys and projects, limits per client, retention
     auth: Literal["required", "off"] = "required"

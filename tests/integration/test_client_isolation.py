@@ -249,6 +249,7 @@ def test_scale_has_a_lower_bound_in_the_server_and_in_its_schema(api: str) -> No
 
 # --- item 4: stalled result readers -----------------------------------------------------------
 
+STALL_TIMEOUT = 25  # longer than the test takes to look at its stalled readers
 BIG_ITEMS = 600
 ITEM_BYTES = 50_000  # a 30 MB run: a 500-item page of it is 25 MB of text
 
@@ -260,6 +261,7 @@ def keyed(service_env: dict[str, str]) -> Iterator[tuple[str, Process, dict[str,
         submissions_per_minute=0,
         max_active_runs_per_project=1000,
         max_result_streams_per_key=3,
+        results_stall_timeout=STALL_TIMEOUT,
     )
     keys = {name: make_key(env, "streams", "write", label=f"streams {name}") for name in "abc"}
     process, url = start_api(env)
@@ -332,17 +334,28 @@ def test_stalled_result_readers_hold_bounded_memory_and_streams(
         assert refused.json()["error"]["code"] == "too_many_streams"
         read = httpx.get(f"{url}/v1/runs/{small}", headers=bearer(keys["c"]), timeout=30)
         assert read.status_code == 200
+        # a closed reader gives its key's slot back
+        for reader in readers[3:]:
+            reader.close()
+        _wait_for_a_stream(url, keys["b"], small)
+        # and a reader that stays stalled is cut after RECALLQ_RESULTS_STALL_TIMEOUT
+        _wait_for_a_stream(url, keys["a"], small, timeout=STALL_TIMEOUT + 30)
+        assert "its stream ends" in process.output()
     finally:
         for reader in readers:
             reader.close()
-    # a closed reader gives its key's slot back
-    deadline = time.monotonic() + 30
+
+
+def _wait_for_a_stream(url: str, key: str, run_id: str, timeout: float = 30) -> None:
+    """Until the key may open a stream again (bounded), which then has every item."""
+    deadline = time.monotonic() + timeout
     while True:
         with httpx.stream(
-            "GET", f"{url}/v1/runs/{small}/results", headers=bearer(keys["a"]), timeout=30
+            "GET", f"{url}/v1/runs/{run_id}/results", headers=bearer(key), timeout=30
         ) as again:
             if again.status_code == 200:
-                assert len(list(again.iter_lines())) == len(SLASHED)
-                break
-        assert time.monotonic() < deadline, "the slots were never given back"
-        time.sleep(0.2)
+                assert len([line for line in again.iter_lines() if line]) == len(SLASHED)
+                return
+            assert again.status_code == 429
+        assert time.monotonic() < deadline, "the key's slots were never given back"
+        time.sleep(0.5)

@@ -23,7 +23,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api import errors, guards, pages, schemas
+from api import errors, guards, metrics, pages, schemas
 from api.body import SpoolBudget
 from api.routes import router
 from api.streams import StreamSlots
@@ -87,6 +87,7 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
     _allow_header_on_405(app)
     app.include_router(router)
     pages.install(app)
+    metrics.install(app, runtime)
     _docs(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
     app.add_middleware(guards.RequestGuards, auth_off=settings.auth == "off", hosts=hosts)

@@ -36,7 +36,7 @@ from datetime import timedelta
 
 from sqlalchemy import Connection
 
-from recallq import scoring
+from recallq import metrics, scoring
 from recallq.batch_requests import (
     FAILED_REQUEST,
     UNANSWERED,
@@ -144,6 +144,7 @@ class BatchLane:
             for batch in self.store.batches([BatchState.SUBMITTED]):
                 applied = self.check(batch)
                 if applied is not None:
+                    metrics.batch_applied(batch.model)
                     report.batches_applied += 1
                     report.results_applied += applied
             for run in self.store.running_runs():

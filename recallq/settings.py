@@ -95,6 +95,9 @@ class Settings(BaseSettings):
     # with auth off, Host names answered beside localhost and the address the API listens on
     # (comma-separated: the names this API is reached by); any other is a 421 (DNS rebinding)
     allowed_hosts: str = ""
+    # who may read the API's GET /metrics: a client sending `Authorization: Bearer` this
+    # token; unset, only clients on this host (loopback). Never an API key (docs/operations.md)
+    metrics_token: str | None = None
 
     # contexts: what one item may be judged against
     max_context_bytes: int = 1024 * 1024  # resolved passages of one item (or the run's static)

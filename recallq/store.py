@@ -70,6 +70,7 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from recallq import metrics
 from recallq.claim_cache import ClaimCache
 from recallq.db import Database
 from recallq.judge.base import Usage
@@ -206,7 +207,10 @@ def _update_item(
         params["b_owner"] = owner
     if status is not None:
         params["b_status"] = status
-    return conn.execute(statement, params).rowcount
+    written: int = conn.execute(statement, params).rowcount
+    if written and "status" in values:
+        metrics.items_moved(values["status"], written)
+    return written
 
 
 def _update_items_in_id_order(
@@ -236,7 +240,10 @@ def _update_items_in_id_order(
         .values(**values)
         .returning(items.c.id)
     )
-    return list(conn.execute(statement).scalars())
+    moved = list(conn.execute(statement).scalars())
+    if moved and "status" in values:
+        metrics.items_moved(values["status"], len(moved))
+    return moved
 
 
 def _insert(dialect: str, table: Table) -> postgresql.Insert | sqlite.Insert:
@@ -594,7 +601,9 @@ class ItemStore:
         if free < self.release_group:
             return ()
         params = {"b_run": run_id, "b_lease": self.queue_lease(), "b_limit": free}
-        return tuple(conn.execute(RELEASE_NEXT, params).scalars())
+        released = tuple(conn.execute(RELEASE_NEXT, params).scalars())
+        metrics.items_moved(ItemStatus.QUEUED, len(released))
+        return released
 
     @staticmethod
     def _stored_claims(conn: Connection, item_id: int) -> tuple[str, ...]:

@@ -9,6 +9,7 @@ import uuid
 
 from redis import Redis
 
+from recallq import metrics
 from recallq.coordination import keys
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
@@ -43,6 +44,7 @@ class Heartbeat:
             pipe.zadd(keys.WORKERS, {self.worker_id: now})
             pipe.zremrangebyscore(keys.WORKERS, "-inf", now - FORGET_AFTER)
             pipe.execute()
+        metrics.heartbeat_beat()
 
     def live_workers(self) -> int:
         """How many workers beat within the heartbeat TTL."""

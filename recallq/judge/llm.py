@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from recallq import patches
+from recallq import metrics, patches
 from recallq.coordination.breaker import CircuitBreaker, Open, Probe
 from recallq.coordination.gate import CallGate
 from recallq.coordination.ratelimit import RateLimiter
@@ -171,7 +171,7 @@ class LLMJudge:
         except protocol.ProtocolError as problem:
             repair = protocol.repair_messages(messages, first.content, str(problem))
         try:
-            second = self._complete(schema, repair, run_id)
+            second = self._complete(schema, repair, run_id, repair=True)
         except JudgeError as exc:
             exc.after(first.usage)
             raise
@@ -191,15 +191,20 @@ class LLMJudge:
             schema, completion.content, completion.finish_reason, self._limits, self._redact
         )
 
-    def _complete(self, schema: str, messages: list[dict[str, str]], run_id: str) -> Completion:
+    def _complete(
+        self, schema: str, messages: list[dict[str, str]], run_id: str, repair: bool = False
+    ) -> Completion:
+        """`repair`: this is the repair request of a malformed answer (its metrics say so)."""
         estimate = _estimate_tokens(messages)
 
         def attempt() -> Any:
             probe = self._may_call()
+            sent = 0.0
             try:
                 if probe is None:  # one probe goes whatever the limiter says: it must learn
                     self._limiter.acquire(self.name, estimate)
                 with self._gate.call(run_id), patches.without_litellm_callbacks():
+                    sent = time.monotonic()
                     response = litellm.completion(
                         **self._params,
                         messages=messages,
@@ -210,14 +215,17 @@ class LLMJudge:
                         max_retries=0,
                     )
             except _TRANSIENT as exc:
+                metrics.judge_call(self.name, schema, "transient_error", time.monotonic() - sent)
                 reason, retry_after = _reason(exc), _retry_after(exc)
                 if isinstance(exc, litellm.RateLimitError):
+                    metrics.provider_rate_limited(self.name)
                     self._limiter.penalise(self.name, retry_after)
                 self._breaker.record_failure(self.name, reason, retry_after, probe)
                 raise TransientJudgeError(
                     f"{type(exc).__name__}: {_clean(exc, self._redact)}", reason, retry_after
                 ) from None  # the provider's text, unredacted, stays out of every traceback
             except _PERMANENT as exc:  # the provider answered: it is up, this call is wrong
+                metrics.judge_call(self.name, schema, "permanent_error", time.monotonic() - sent)
                 self._breaker.record_success(self.name, probe)
                 message = f"{type(exc).__name__}: {_clean(exc, self._redact)}"
                 raise PermanentJudgeError(message) from None
@@ -225,6 +233,8 @@ class LLMJudge:
                 if probe is not None:
                     self._breaker.release(self.name, probe)
                 raise
+            answered = "repaired" if repair else "answered"
+            metrics.judge_call(self.name, schema, answered, time.monotonic() - sent)
             self._breaker.record_success(self.name, probe)
             return response
 
@@ -235,6 +245,7 @@ class LLMJudge:
         self._limiter.settle(self.name, estimate, prompt + completion)
         cost = float(response._hidden_params.get("response_cost") or 0.0) if self._priced else 0.0
         self._gate.charge(run_id, cost, prompt + completion)
+        metrics.judge_usage(self.name, schema, prompt, completion, cost)
         choice = response.choices[0]
         usage = Usage(1, prompt, completion, cost) + attempts
         return Completion(choice.message.content, choice.finish_reason, usage)

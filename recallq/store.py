@@ -272,7 +272,9 @@ def _verdicts_upsert(dialect: str) -> Insert:
 
 def _spent(usage: Usage, stage: Stage, cache_hits: int = 0) -> dict[str, Any]:
     """Increments of an item's usage counters (see COUNTERS). Extraction's usage is also
-    counted apart, so a run's usage can be split by stage (attribution's is the rest)."""
+    counted apart, so a run's usage can be split by stage (attribution's is the rest). Every
+    extraction share counts there, also those of a packed call that carry tokens but not the
+    call itself: else their tokens would read as attribution's."""
     spent = {
         "llm_calls": usage.llm_calls,
         "prompt_tokens": usage.prompt_tokens,
@@ -282,7 +284,7 @@ def _spent(usage: Usage, stage: Stage, cache_hits: int = 0) -> dict[str, Any]:
         "call_attempts": usage.call_attempts,
         "failed_calls": usage.failed_calls,
     }
-    if stage == Stage.EXTRACTION and usage.llm_calls:
+    if stage == Stage.EXTRACTION:
         spent |= {
             "extraction_calls": usage.llm_calls,
             "extraction_prompt_tokens": usage.prompt_tokens,

@@ -17,7 +17,9 @@ Endpoints:
 * ``POST /v1/batches``, ``GET /v1/batches[?limit=&after=]``, ``GET /v1/batches/{id}``,
   ``POST /v1/batches/{id}/cancel``: the Batch API for ``/v1/chat/completions``.
 * ``GET|POST /_stub/config``: read / change fault-injection settings at runtime.
-* ``GET /_stub/calls[?offset=&limit=]``: recorded requests; ``GET /_stub/stats``: counters.
+* ``GET /_stub/calls[?offset=&limit=]``: recorded requests; ``GET /_stub/stats``: counters,
+  with ``usage_by_schema``: calls and prompt/completion tokens of the answered live calls of
+  each schema (what a run's usage by stage must add up to).
 * ``GET /_stub/batches``: every batch object plus its ``custom_ids`` and ``key_suffix``, in
   creation order, so tests can check that nothing was submitted twice.
 * ``POST /_stub/reset``: clear records, counters, per-key state, the rpm window, files and
@@ -752,6 +754,10 @@ class StubState:
         self.by_status: collections.Counter[str] = collections.Counter()
         self.by_schema: collections.Counter[str] = collections.Counter()
         self.by_fault: collections.Counter[str] = collections.Counter()
+        # what the answered live calls used, per schema: {schema: {calls, prompt_tokens, ...}}
+        self.usage_by_schema: dict[str, collections.Counter[str]] = collections.defaultdict(
+            collections.Counter
+        )
         self.window: collections.deque[float] = collections.deque()
         self.dropped_once: set[str] = set()
         self.in_flight = 0
@@ -776,6 +782,7 @@ class StubState:
         self.by_status.clear()
         self.by_schema.clear()
         self.by_fault.clear()
+        self.usage_by_schema.clear()
         self.window.clear()
         self.dropped_once.clear()
         self.max_in_flight = self.in_flight
@@ -1063,6 +1070,13 @@ class StubState:
         if entry.get("fault"):
             self.by_fault[entry["fault"]] += 1
 
+    def count_usage(self, schema: str, usage: dict[str, int]) -> None:
+        """What one answered live call used, under its schema."""
+        counted = self.usage_by_schema[schema]
+        counted["calls"] += 1
+        counted["prompt_tokens"] += usage["prompt_tokens"]
+        counted["completion_tokens"] += usage["completion_tokens"]
+
     def stats(self) -> dict[str, Any]:
         for job in self.batches.values():
             self.advance(job)
@@ -1083,6 +1097,7 @@ class StubState:
             "by_status": dict(self.by_status),
             "by_schema": dict(self.by_schema),
             "by_fault": dict(self.by_fault),
+            "usage_by_schema": {k: dict(v) for k, v in self.usage_by_schema.items()},
             "in_flight": self.in_flight,
             "max_in_flight": self.max_in_flight,
             "outage": self.in_outage(),
@@ -1176,6 +1191,7 @@ def create_app(config: StubConfig | None = None) -> Any:
         answer, payload = state.complete(body, schema, data, request.headers.get("authorization"))
         entry.update(status=200, fault=answer.fault)
         state.record(entry)
+        state.count_usage(schema, payload["usage"])
         return json_response(payload, headers={"x-request-id": payload["id"], **rate_headers()})
 
     def fill_entry(entry: dict, body: dict, data: dict | None, schema: str | None) -> None:

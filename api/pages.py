@@ -9,6 +9,7 @@ page. Not in the OpenAPI document.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -501,7 +502,9 @@ def items_page(
             text=_text(q, "q"),
             sort=_choice(sort, "sort", ("score", "-score")),
         )
-        after = _cursor(cursor, queries.decode_items_cursor)
+        after = _cursor(
+            cursor, functools.partial(queries.decode_items_cursor, by_score=where.by_score)
+        )
         table = queries.items_table(session, run.id, where, ITEMS_PAGE, after)
     base = f"/runs/{quote(run.id, safe='')}/items"
     query = {

@@ -41,5 +41,6 @@ def render(
 
 
 def anchor(item_id: str) -> str:
-    """The in-file link of an item of the report."""
-    return "#item-" + "".join(c if c.isalnum() or c in "-_" else f"_{ord(c):x}" for c in item_id)
+    """The in-file link of an item of the report: one per id (`_` is escaped too, so `a/b`
+    and `a_2fb` stay apart)."""
+    return "#item-" + "".join(c if c.isalnum() or c == "-" else f"_{ord(c):x}_" for c in item_id)

@@ -204,7 +204,9 @@ def test_import_reports_each_problem_by_line_and_stores_the_good_rows(
     )
     assert error_of(too_big) == (413, "body_too_large")
     read_only = httpx.post(
-        f"{api}/v1/runs/{run}/labels", content=jsonl, headers=bearer(keys["read"])
+        f"{api}/v1/runs/{run}/labels",
+        content=jsonl,
+        headers={**bearer(keys["read"]), "Content-Type": "application/x-ndjson"},
     )
     assert error_of(read_only) == (403, "forbidden")
 

@@ -191,6 +191,12 @@ class Client:
         body: dict[str, Any] = response.json()
         return body
 
+    def send(self, method: str, path: str, **request: Any) -> httpx.Response:
+        """Any request (a body, another method), its error answer raised as ApiError."""
+        response = self._http.request(method, path, **request)
+        _raise_for(response)
+        return response
+
     def stream(self, path: str, params: dict[str, Any] | None = None) -> Iterator[bytes]:
         """The body of a GET, chunk by chunk (results of any size)."""
         with self._http.stream("GET", path, params=_present(params)) as response:

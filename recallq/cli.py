@@ -318,6 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     from recallq import security_cli
 
     security_cli.add_commands(sub)  # keys create|list|revoke, delete, estimate
+    from recallq import label_cli
+
+    label_cli.add_commands(sub)  # label, agreement, gate --corrected
     return parser
 
 

@@ -8,10 +8,11 @@ import binascii
 import dataclasses
 import json
 import math
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -376,20 +377,30 @@ def list_runs(
     return run_views(session, runs), cursor
 
 
+#: A runs cursor: the last run's created_at in microseconds since the epoch, `u` (UTC) or `n`
+#: (a naive time, SQLite), and its id. Every string of this pattern is one the database can
+#: compare, so the served spec can say exactly which cursors are valid.
+RUN_CURSOR_PATTERN = r"^[0-9]{1,16}[un]\.[A-Za-z0-9-]{1,64}$"
+_EPOCH = datetime(1970, 1, 1)
+_MICROSECOND = timedelta(microseconds=1)
+
+
 def encode_run_cursor(cursor: RunCursor | None) -> str | None:
     if cursor is None:
         return None
-    text = json.dumps([cursor[0].isoformat(), cursor[1]])
-    return base64.urlsafe_b64encode(text.encode()).decode()
+    created, run_id = cursor
+    aware = created.tzinfo is not None
+    micros = (created - (_EPOCH.replace(tzinfo=UTC) if aware else _EPOCH)) // _MICROSECOND
+    return f"{micros}{'u' if aware else 'n'}.{run_id}"
 
 
 def decode_run_cursor(cursor: str) -> RunCursor:
     """Raises ValueError for a cursor this module did not make."""
-    try:
-        created, run_id = json.loads(base64.urlsafe_b64decode(cursor.encode() + b"=="))
-        return datetime.fromisoformat(created), str(run_id)
-    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
-        raise ValueError("not a runs cursor") from exc
+    if re.fullmatch(RUN_CURSOR_PATTERN, cursor) is None:
+        raise ValueError("not a runs cursor")
+    time, run_id = cursor.split(".", 1)
+    epoch = _EPOCH.replace(tzinfo=UTC) if time[-1] == "u" else _EPOCH
+    return epoch + int(time[:-1]) * _MICROSECOND, run_id
 
 
 # --- items -----------------------------------------------------------------------------------
@@ -484,6 +495,7 @@ TABLE_TEXT = 160
 #: Items a text filter looks through for one page of the items table, at most.
 TEXT_SCAN = 20_000
 ItemsCursor = tuple[float | None, int]  # (score when sorted by score, idx)
+MAX_INDEX = 2**31 - 1  # items.idx is an INTEGER
 
 
 @dataclass(frozen=True)
@@ -619,16 +631,21 @@ def encode_items_cursor(cursor: ItemsCursor | None) -> str | None:
     return base64.urlsafe_b64encode(json.dumps(list(cursor)).encode()).decode()
 
 
-def decode_items_cursor(cursor: str) -> ItemsCursor:
-    """Raises ValueError for a cursor this module did not make."""
+def decode_items_cursor(cursor: str, by_score: bool = False) -> ItemsCursor:
+    """Raises ValueError for a cursor this module did not make: a page sorted by score
+    continues after a score (only scored items are on it), and an index is an INTEGER."""
     try:
         score, idx = json.loads(base64.urlsafe_b64decode(cursor.encode() + b"=="))
-    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
+        if isinstance(score, int | float) and not isinstance(score, bool):
+            score = float(score)
+    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError, OverflowError) as exc:
         raise ValueError("not an items cursor") from exc
-    valid_score = score is None or (
-        isinstance(score, int | float) and not isinstance(score, bool) and math.isfinite(score)
+    valid_score = (score is None and not by_score) or (
+        isinstance(score, float) and math.isfinite(score)
     )
-    if not valid_score or isinstance(idx, bool) or not isinstance(idx, int) or idx < 0:
+    if not valid_score or isinstance(idx, bool) or not isinstance(idx, int):
+        raise ValueError("not an items cursor")
+    if not 0 <= idx <= MAX_INDEX:
         raise ValueError("not an items cursor")
     return score, idx
 

@@ -17,10 +17,13 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[2]
 ROOTS = ("recallq", "api", "worker")
-#: The CLI's three modules import each other at function level (recallq.cli <-> client <->
-#: local_commands): that cycle goes with their move into a recallq/cli/ package, on another
-#: branch. Until then they are left out of the cycle check (they are one layer, the top one).
-CLI_CYCLE = frozenset({"recallq.cli", "recallq.client", "recallq.local_commands"})
+#: The CLI's modules import each other at function level (recallq.cli <-> client <->
+#: local_commands, and label_cli): that cycle goes with their move into a recallq/cli/
+#: package, on another branch. Until then they are left out of the cycle check (they are one
+#: layer, the top one).
+CLI_CYCLE = frozenset(
+    {"recallq.cli", "recallq.client", "recallq.local_commands", "recallq.label_cli"}
+)
 
 
 @dataclass(frozen=True)

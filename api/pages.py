@@ -9,6 +9,7 @@ page. Not in the OpenAPI document.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -29,12 +30,12 @@ from api import page_auth
 from api.body import Pace, paced_chunks
 from api.page_auth import Browser
 from recallq import compare as ab
-from recallq import inputs, queries, viewer
-from recallq.models import Run
+from recallq import inputs, labels, queries, viewer
 from recallq.runs import RunConflict, RunService, find_run, plausible_id
 from recallq.runtime import Runtime
-from recallq.status import RUN_ACTIVE
+from recallq.status import RUN_ACTIVE, PublicItemStatus, RunStatus
 from recallq.store import RunNotFound
+from recallq.tables import Run
 from recallq.viewer.figures import MAX_SCATTER_POINTS
 
 log = logging.getLogger(__name__)
@@ -47,8 +48,8 @@ COMPARE_TOP = 20
 COMPARE_CHOICES = 100
 MAX_PARAM = 200  # characters of any query parameter (ids, names, text, cursors)
 MAX_FORM_BYTES = 4096
-RUN_STATUSES = ("queued", "running", "completed", "cancelled")
-ITEM_STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
+RUN_STATUSES = tuple(RunStatus)
+ITEM_STATUSES = tuple(PublicItemStatus)
 REFRESH_SECONDS = 5
 # Pages load only this origin's stylesheet and script, post forms only here, and are never
 # framed: the CSP the templates are written for (no inline script or style).
@@ -130,7 +131,7 @@ def _render(
 def _error_page(request: Request, status: int, title: str, message: str) -> HTMLResponse:
     try:
         browser = page_auth.browser(request)
-    except Exception:  # noqa: BLE001  (an error page must render even when the database is down)
+    except Exception:  # an error page must render even when the database is down
         browser = Browser(None, None, b"")
     return _render(
         request, browser, "error.html", status, status=status, title=title, message=message
@@ -395,6 +396,9 @@ def run_page(request: Request, run_id: str, by: str | None = None) -> Response:
         if fields and by:
             groups = _SCANS.submit(_group_summary, runtime, run.id, by)
         view, notice = _run_view(runtime, session, run)
+        agreement = (
+            labels.agreement_view(session, run) if labels.has_labels(session, run.id) else None
+        )
     if by is not None and by not in fields:
         fields = [*fields, by]
     active = view["status"] in RUN_ACTIVE
@@ -413,6 +417,8 @@ def run_page(request: Request, run_id: str, by: str | None = None) -> Response:
         by=by,
         groups=None if groups is None else groups.result(),
         refresh_seconds=REFRESH_SECONDS if active else None,
+        agreement=agreement,
+        item_url=_item_href(run.id),
     )
 
 
@@ -507,7 +513,9 @@ def items_page(
             text=_text(q, "q"),
             sort=_choice(sort, "sort", ("score", "-score")),
         )
-        after = _cursor(cursor, queries.decode_items_cursor)
+        after = _cursor(
+            cursor, functools.partial(queries.decode_items_cursor, by_score=where.by_score)
+        )
         table = queries.items_table(session, run.id, where, ITEMS_PAGE, after)
     base = f"/runs/{quote(run.id, safe='')}/items"
     query = {
@@ -548,7 +556,16 @@ def item_page(request: Request, run_id: str, item_id: str) -> Response:
         item = queries.get_item(session, run.id, item_id) if plausible_id(item_id) else None
         if item is None:
             raise _not_found("item")
-    return _render(request, browser, "item.html", run=_run_brief(run), item=item)
+        human_labels = labels.item_labels(session, run.id, item_id)
+    return _render(
+        request,
+        browser,
+        "item.html",
+        run=_run_brief(run),
+        item=item,
+        human_labels=human_labels,
+        can_write=_can_write(browser),
+    )
 
 
 # --- comparing ---------------------------------------------------------------------------

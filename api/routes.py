@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import logging
-from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 import anyio.to_thread
@@ -21,22 +20,21 @@ from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from api import schemas
-from api.auth import AdminProject, Project, WriteProject, Writer
+from api import schemas, streams
+from api.auth import AdminProject, Caller, Project, WriteProject, Writer
 from api.body import Pace, SpooledUpload, read_json_body, spool_ndjson
-from api.errors import ApiError, not_found
-from recallq import export, ingest, inputs, queries
+from api.errors import HttpError, not_found
+from recallq import export, ingest, inputs, queries, scoring
 from recallq.apikeys import Principal
-from recallq.models import Run
 from recallq.runs import MAX_ID_LENGTH, RunService, find_run, plausible_id
 from recallq.runtime import Runtime
+from recallq.status import PublicItemStatus, RunStatus
+from recallq.tables import Run
 
 log = logging.getLogger(__name__)
 router = APIRouter()
 NDJSON = "application/x-ndjson"
 MAX_CURSOR_LENGTH = 64
-MAX_CURSOR_INDEX = 2**31 - 1  # items.idx is an INTEGER
-RESULTS_PAGE = 500
 ANONYMOUS = "auth-off"  # the rate-limit key of every caller when RECALLQ_AUTH=off
 errors = schemas.error_responses
 
@@ -70,7 +68,7 @@ def _json_param(name: str, raw: str | None, max_depth: int) -> Any:
     try:
         return inputs.loads(raw, max_depth, where=name)
     except inputs.UnsafeInput as exc:
-        raise ApiError(422, "invalid_request", f"{exc} (query parameter)") from None
+        raise HttpError(422, "invalid_request", f"{exc} (query parameter)") from None
 
 
 def _admit(service: RunService, principal: Principal, limiter: Any, dry_run: bool) -> None:
@@ -81,14 +79,14 @@ def _admit(service: RunService, principal: Principal, limiter: Any, dry_run: boo
             wait = limiter.admit(principal.key_id or ANONYMOUS)
         except RedisError:
             # no way to count this key's submissions: refuse rather than let it through
-            raise ApiError(
+            raise HttpError(
                 503,
                 "unavailable",
                 "cannot check the submission rate now; retry",
                 {"Retry-After": "10"},
             ) from None
         if wait is not None:
-            raise ApiError(
+            raise HttpError(
                 429,
                 "rate_limited",
                 f"too many submissions with this key; retry in {wait:g} s",
@@ -104,9 +102,9 @@ def _submit_json(
     try:
         payload = inputs.loads(body, service.settings.max_json_depth)
     except inputs.UnsafeInput as exc:
-        raise ApiError(400, "invalid_json", str(exc)) from None
+        raise HttpError(400, "invalid_json", str(exc)) from None
     if not isinstance(payload, dict) or not isinstance(payload.get("items"), list):
-        raise ApiError(422, "invalid_request", 'body must be an object with an "items" list')
+        raise HttpError(422, "invalid_request", 'body must be an object with an "items" list')
     items = payload.pop("items")
     spec = service.spec(payload, principal.project, key)
     if dry_run:
@@ -166,7 +164,7 @@ async def create_run(
     dry_run: Annotated[bool, Query(description="estimate only: nothing is created")] = False,
     name: Annotated[str | None, Query(max_length=200)] = None,
     model: Annotated[str | None, Query(max_length=200)] = None,
-    scale: Annotated[float, Query(gt=0, le=ingest.MAX_SCALE)] = 1,
+    scale: Annotated[float, Query(ge=scoring.MIN_SCALE, le=scoring.MAX_SCALE)] = 1,
     context: Annotated[
         str | None,
         Query(
@@ -191,8 +189,8 @@ async def create_run(
     settings = service.settings
     key = idempotency_key.strip() if idempotency_key else None
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type not in (NDJSON, "application/json", ""):
-        raise ApiError(415, "unsupported_media_type", f"use application/json or {NDJSON}")
+    if content_type not in (NDJSON, "application/json"):  # none: a Blob from another site
+        raise HttpError(415, "unsupported_media_type", f"use application/json or {NDJSON}")
     limiter = getattr(request.app.state, "submissions", None)
     await anyio.to_thread.run_sync(_admit, service, principal, limiter, dry_run)
     if content_type == NDJSON:
@@ -230,7 +228,6 @@ async def create_run(
 # --- reads ----------------------------------------------------------------------------------
 
 
-RunStatusParam = Literal["queued", "running", "completed", "cancelled"]
 ItemData = Annotated[
     bool,
     Query(description="with each item's input, output, ground_truth, context and metadata"),
@@ -246,7 +243,11 @@ def _plain_text(value: str | None) -> str | None:
 
 MetadataField = Annotated[
     str | None,
-    Query(max_length=200, description="a metadata field: results per its value"),
+    Query(
+        max_length=200,
+        description="a metadata field: results per its value",
+        json_schema_extra={"pattern": "^[^\\u0000]*$"},  # no NUL (checked below)
+    ),
     AfterValidator(_plain_text),
 ]
 
@@ -259,10 +260,13 @@ MetadataField = Annotated[
 def list_runs(
     service: Runs,
     project: Project,
-    status: RunStatusParam | None = None,
+    status: RunStatus | None = None,
     name: Annotated[str | None, Query(max_length=200, description="exact run name")] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    cursor: Annotated[
+        str | None,
+        Query(max_length=200, json_schema_extra={"pattern": queries.RUN_CURSOR_PATTERN}),
+    ] = None,
 ) -> dict[str, Any]:
     """The project's runs, newest first: `{"runs": [run objects], "next_cursor": ...}`."""
     after = None
@@ -270,7 +274,7 @@ def list_runs(
         try:
             after = queries.decode_run_cursor(cursor)
         except ValueError:
-            raise ApiError(422, "invalid_cursor", "cursor is not one this API returned") from None
+            raise HttpError(422, "invalid_cursor", "cursor is not one this API returned") from None
     views, next_cursor = service.list_runs(project, status, name, limit, after)
     return {"runs": views, "next_cursor": queries.encode_run_cursor(next_cursor)}
 
@@ -307,7 +311,7 @@ def compare_runs(
     try:
         return service.compare(base, candidate, project, by=by, top=top)
     except queries.IncomparableRuns as exc:
-        raise ApiError(400, "incomparable_runs", str(exc)) from None
+        raise HttpError(400, "incomparable_runs", str(exc)) from None
 
 
 def _decode_cursor(cursor: str | None) -> int | None:
@@ -321,8 +325,8 @@ def _decode_cursor(cursor: str | None) -> int | None:
                 index = int(decoded)
         except ValueError:
             pass
-    if not 0 <= index <= MAX_CURSOR_INDEX:
-        raise ApiError(422, "invalid_cursor", "cursor is not one this API returned")
+    if not 0 <= index <= queries.MAX_INDEX:
+        raise HttpError(422, "invalid_cursor", "cursor is not one this API returned")
     return index
 
 
@@ -330,8 +334,17 @@ def _encode_cursor(index: int | None) -> str | None:
     return None if index is None else base64.urlsafe_b64encode(str(index).encode()).decode()
 
 
-ItemStatusParam = Literal["pending", "running", "succeeded", "failed", "cancelled"]
-Cursor = Annotated[str | None, Query(max_length=MAX_CURSOR_LENGTH)]
+# The cursors _encode_cursor makes (base64url of 1 to 9 digits), exactly: a cursor is opaque,
+# and the spec says which strings are one, so that a fuzzer of the spec sends only those as
+# valid (any other string is a 422 invalid_cursor).
+_DIGITS3 = "(?:[MN][DTjz]|O[DT])[AEIMQUYcgk][w-z0-5]"
+_DIGITS2 = "(?:[MN][DTjz]|O[DT])[AEIMQUYcgk]="
+_DIGITS1 = "(?:[MN][AQgw]|O[AQ])=="
+CURSOR_PATTERN = f"^(?:{_DIGITS3}){{0,2}}(?:{_DIGITS3}|{_DIGITS2}|{_DIGITS1})$"
+Cursor = Annotated[
+    str | None,
+    Query(max_length=MAX_CURSOR_LENGTH, json_schema_extra={"pattern": CURSOR_PATTERN}),
+]
 
 
 @router.get(
@@ -343,7 +356,7 @@ def list_items(
     run_id: str,
     runtime: Rt,
     project: Project,
-    status: ItemStatusParam | None = None,
+    status: PublicItemStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Cursor = None,
     item_data: ItemData = True,
@@ -356,7 +369,8 @@ def list_items(
 
 
 @router.get(
-    "/v1/runs/{run_id}/items/{item_id}",
+    # an id may contain `/`, as itself or as %2F (the path is matched decoded)
+    "/v1/runs/{run_id}/items/{item_id:path}",
     response_model=None,
     responses={200: {"model": schemas.ItemView}, **errors(401, 404, 422)},
 )
@@ -378,13 +392,18 @@ def _check_run(runtime: Runtime, run_id: str, project: str) -> None:
 
 
 def _results_page(
-    runtime: Runtime, run_id: str, after: int | None, format: str, item_data: bool, first: bool
-) -> tuple[str, int | None]:
-    """One page of results, read in its own short transaction and rendered, in a worker
-    thread (rendering a page is CPU work the event loop should not do)."""
-    with runtime.database.session() as session:
-        page, after = queries.items_page(session, run_id, None, RESULTS_PAGE, after, item_data)
-    return "".join(export.lines(page, format, header=first)), after
+    runtime: Runtime, run_id: str, format: str, item_data: bool
+) -> streams.RenderPage:
+    """The pages of a result stream, each read in its own short transaction and rendered, in
+    a worker thread (rendering a page is CPU work the event loop should not do)."""
+
+    def render(after: int | None, limit: int, first: bool) -> tuple[bytes, int, int | None]:
+        with runtime.database.session() as session:
+            page, after = queries.items_page(session, run_id, None, limit, after, item_data)
+        text = "".join(export.lines(page, format, header=first))
+        return text.encode(), len(page), after
+
+    return render
 
 
 RESULTS_CONTENT = {
@@ -398,36 +417,31 @@ RESULTS_CONTENT = {
     response_class=StreamingResponse,
     responses={
         200: {"content": RESULTS_CONTENT, "description": "Every item with its claims"},
-        **errors(401, 404, 422),
+        **errors(401, 404, 422, 429),
     },
 )
 async def results(
+    request: Request,
     run_id: str,
     runtime: Rt,
-    project: Project,
+    principal: Caller,
     format: Literal["jsonl", "csv", "claims.csv"] = "jsonl",
     item_data: ItemData = True,
 ) -> StreamingResponse:
     """Every item with its claims: JSONL, CSV (a row per item) or claims.csv (a row per
-    claim). Streamed one page at a time, each read in its own short transaction: a reader
-    that stalls holds no transaction, no pooled connection and no thread while it stalls."""
-    await anyio.to_thread.run_sync(_check_run, runtime, run_id, project)
-
-    async def stream() -> AsyncIterator[str]:
-        after: int | None = None
-        first = True
-        while True:
-            text, after = await anyio.to_thread.run_sync(
-                _results_page, runtime, run_id, after, format, item_data, first
-            )
-            yield text
-            first = False
-            if after is None:
-                return
-
+    claim). Streamed a page at a time, each read in its own short transaction and cut by
+    bytes (api.streams): a reader that stalls holds no transaction, no pooled connection, no
+    thread and about half a megabyte while it stalls. A key has a few streams at once (429
+    beyond, `RECALLQ_MAX_RESULT_STREAMS_PER_KEY`)."""
+    await anyio.to_thread.run_sync(_check_run, runtime, run_id, principal.project)
+    slots: streams.StreamSlots = request.app.state.result_streams
+    key = principal.key_id or ANONYMOUS
+    slots.take(key)
     media = export.MEDIA_TYPES[format]
     headers = {"Content-Disposition": f'attachment; filename="{run_id}.{format}"'}
-    return StreamingResponse(stream(), media_type=media, headers=headers)
+    pages = streams.paged_bytes(_results_page(runtime, run_id, format, item_data))
+    stall = runtime.settings.results_stall_timeout
+    return streams.SlottedStream(slots, key, stall, pages, media_type=media, headers=headers)
 
 
 # --- actions --------------------------------------------------------------------------------
@@ -485,9 +499,9 @@ async def resume_run(
         try:
             fields = inputs.loads(body, service.settings.max_json_depth)
         except inputs.UnsafeInput as exc:
-            raise ApiError(400, "invalid_json", str(exc)) from None
+            raise HttpError(400, "invalid_json", str(exc)) from None
     if not isinstance(fields, dict) or set(fields) - {"budget_usd", "budget_tokens"}:
-        raise ApiError(
+        raise HttpError(
             422, "invalid_request", "the body may hold budget_usd and budget_tokens only"
         )
 
@@ -497,7 +511,7 @@ async def resume_run(
                 run_id, project, fields.get("budget_usd"), fields.get("budget_tokens")
             )
         except RedisError:
-            raise ApiError(
+            raise HttpError(
                 503,
                 "unavailable",
                 "the run is running again, but Redis cannot be reached to let its judge calls "
@@ -549,7 +563,7 @@ def readyz(runtime: Rt) -> JSONResponse:
         with runtime.database.session() as session:
             session.execute(text("SELECT 1"))
         checks["database"] = "ok"
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         checks["database"] = f"error: {type(exc).__name__}"
     alive = 0
     try:
@@ -559,7 +573,7 @@ def readyz(runtime: Rt) -> JSONResponse:
         alive = runtime.heartbeat.live_workers()
         # runs are taken but nothing scores them: say so rather than "ok"
         checks["workers"] = "ok" if alive else "none alive"
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         checks["redis"] = f"error: {type(exc).__name__}"
     ready = all(v == "ok" for v in checks.values())
     return JSONResponse(

@@ -24,10 +24,11 @@ import httpx
 
 from recallq import display
 from recallq.results import claims_frame, items_frame
+from recallq.status import RUN_ENDED
 
 NDJSON = "application/x-ndjson"
 #: Run statuses after which nothing changes by itself.
-ENDED = ("completed", "cancelled")
+ENDED = RUN_ENDED
 
 #: How long a refused connection is tried again: an API started a moment ago in the same
 #: script (`recallq api &` and then `recallq submit`) takes a second or two to listen.
@@ -190,6 +191,12 @@ class Client:
         _raise_for(response)
         answer: dict[str, Any] = response.json()
         return answer
+
+    def send(self, method: str, path: str, **request: Any) -> httpx.Response:
+        """Any request (a body, another method), its error answer raised as ApiError."""
+        response = self._http.request(method, path, **request)
+        _raise_for(response)
+        return response
 
     def delete_run(self, run_id: str) -> None:
         """Remove an ended run with its items and claims (an admin key)."""

@@ -23,15 +23,12 @@ from sqlalchemy.orm import Session
 from recallq import context as ctx
 from recallq import dataset, estimate, inputs, queries, scoring
 from recallq.claim_cache import ClaimCache
-from recallq.model_registry import LEXICAL, ModelConfig
-from recallq.models import Run, RunMode
+from recallq.judge_models import LEXICAL, ModelConfig
 from recallq.settings import DEFAULT_RETRY_DEADLINE, Settings
 from recallq.store import RunStore
+from recallq.tables import Run, RunMode
 
 MAX_RETRY_DEADLINE = 30 * 86400
-#: Scores run from 0 to the scale; a larger one is no scale anyone means (and 1.7e308 broke
-#: every sum over scores).
-MAX_SCALE = 1_000_000.0
 MAX_BUDGET_USD = 1_000_000.0
 MAX_BUDGET_TOKENS = 10**12
 #: the default depth limit of JSON values in a submission (the API passes its setting)
@@ -112,9 +109,7 @@ def build_spec(
     model = require_known_model(model or default_model, known_models)
     run_mode = _mode(mode, model, batch_models)
     try:
-        scale = scoring.validate_scale(scale)
-        if scale > MAX_SCALE:
-            raise ValueError(f"scale must be at most {MAX_SCALE:g}")
+        scale = scoring.submitted_scale(scale)
         extractor = ctx.validate_extractor(context_extractor)
         deadline = _retry_deadline(retry_deadline_s, default_retry_deadline)
         usd = _budget(budget_usd, "budget_usd", MAX_BUDGET_USD, integral=False)

@@ -20,9 +20,9 @@ from recallq.coordination import keys
 from recallq.coordination.liveness import Heartbeat, worker_of
 from recallq.db import Database
 from recallq.engine import WorkQueue
-from recallq.models import Item, Run, as_utc, utcnow
 from recallq.status import RUN_ACTIVE, ItemStatus, RunStatus
 from recallq.store import ItemStore
+from recallq.tables import Item, Run, as_utc, utcnow
 
 log = logging.getLogger(__name__)
 

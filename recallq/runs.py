@@ -29,9 +29,8 @@ from typing import IO, Any
 
 from sqlalchemy.orm import Session
 
-from recallq import ingest, inputs, model_registry, queries, quotas
-from recallq.model_registry import ModelConfig
-from recallq.models import Run
+from recallq import ingest, inputs, judge_models, queries, quotas
+from recallq.judge_models import ModelConfig
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.status import RunStatus
@@ -42,6 +41,7 @@ from recallq.store import (
     RunNotCancelledError,
     RunNotFound,
 )
+from recallq.tables import Run
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ def spec_of(
         budget_tokens=fields.get("budget_tokens"),
         limits=ingest.limits_of(settings),
         mode=fields.get("mode"),
-        batch_models=model_registry.batch_models(models),
+        batch_models=judge_models.batch_models(models),
     )
 
 
@@ -220,7 +220,7 @@ class RunService:
             return
         try:
             self.runtime.queue.send_dispatch(run_id)
-        except Exception:  # noqa: BLE001  (broker errors vary by transport)
+        except Exception:
             log.warning("could not queue run %s now; the reaper will", run_id, exc_info=True)
 
     # --- actions -----------------------------------------------------------------------------
@@ -238,7 +238,7 @@ class RunService:
                 still_open = self.runtime.gate.wait_idle(run_id, self.settings.cancel_wait)
                 if still_open:
                     log.warning("run %s cancelled with %d call(s) in flight", run_id, still_open)
-            except Exception:  # noqa: BLE001  (Redis errors vary; the database says cancelled)
+            except Exception:
                 log.warning("run %s cancelled; its call gate not closed", run_id, exc_info=True)
                 calls_stopped = False
         return Cancelled(self.view(run_id, project), calls_stopped)
@@ -325,7 +325,7 @@ class RunService:
             raise RunConflict("run_active", str(exc)) from None
         try:
             self.runtime.gate.forget(run_id)
-        except Exception:  # noqa: BLE001  (the run is gone; leftover keys expire on their own)
+        except Exception:
             log.warning("could not drop the gate state of deleted run %s", run_id, exc_info=True)
 
     # --- reads -------------------------------------------------------------------------------

@@ -85,6 +85,8 @@ class Settings(BaseSettings):
     body_min_rate: float = 16 * 1024  # bytes/s a body must keep up after the grace period
     body_grace: float = 10.0
     insert_batch_size: int = 1000
+    max_result_streams_per_key: int = 8  # /results streams open at once per key (429 beyond)
+    results_stall_timeout: float = 120.0  # a /results reader taking nothing this long is cut
 
     # security: keys and projects, limits per client, retention
     auth: Literal["required", "off"] = "required"
@@ -98,6 +100,9 @@ class Settings(BaseSettings):
     # long random string, the same for every API process) so that a copy of the keys table
     # is not enough to forge a browser session
     session_secret: str | None = None
+    # with auth off, Host names answered beside localhost and the address the API listens on
+    # (comma-separated: the names this API is reached by); any other is a 421 (DNS rebinding)
+    allowed_hosts: str = ""
     # who may read the API's GET /metrics: a client sending `Authorization: Bearer` this
     # token; unset, only clients on this host (loopback). Never an API key (docs/operations.md)
     metrics_token: str | None = None

@@ -75,12 +75,12 @@ from sqlalchemy.orm import Session
 from recallq import metrics
 from recallq.claim_cache import ClaimCache
 from recallq.db import Database
-from recallq.judge.base import Usage
-from recallq.models import Claim, Item, Run, RunMode, as_utc, utcnow
 from recallq.outcomes import Deferred, Ended, Skipped, SkipReason, Stage, Taken
 from recallq.scoring import Outcome, Verdict
 from recallq.settings import Settings
 from recallq.status import ITEM_ENDED, ITEM_IN_FLIGHT, RUN_ENDED, ItemStatus, RunStatus
+from recallq.tables import Claim, Item, Run, RunMode, as_utc, utcnow
+from recallq.usage import Usage
 
 items, runs, claims_table = (
     cast(Table, Item.__table__),
@@ -274,7 +274,9 @@ def _verdicts_upsert(dialect: str) -> Insert:
 
 def _spent(usage: Usage, stage: Stage, cache_hits: int = 0) -> dict[str, Any]:
     """Increments of an item's usage counters (see COUNTERS). Extraction's usage is also
-    counted apart, so a run's usage can be split by stage (attribution's is the rest)."""
+    counted apart, so a run's usage can be split by stage (attribution's is the rest). Every
+    extraction share counts there, also those of a packed call that carry tokens but not the
+    call itself: else their tokens would read as attribution's."""
     spent = {
         "llm_calls": usage.llm_calls,
         "prompt_tokens": usage.prompt_tokens,
@@ -284,7 +286,7 @@ def _spent(usage: Usage, stage: Stage, cache_hits: int = 0) -> dict[str, Any]:
         "call_attempts": usage.call_attempts,
         "failed_calls": usage.failed_calls,
     }
-    if stage == Stage.EXTRACTION and usage.llm_calls:
+    if stage == Stage.EXTRACTION:
         spent |= {
             "extraction_calls": usage.llm_calls,
             "extraction_prompt_tokens": usage.prompt_tokens,

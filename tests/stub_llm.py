@@ -17,7 +17,9 @@ Endpoints:
 * ``POST /v1/batches``, ``GET /v1/batches[?limit=&after=]``, ``GET /v1/batches/{id}``,
   ``POST /v1/batches/{id}/cancel``: the Batch API for ``/v1/chat/completions``.
 * ``GET|POST /_stub/config``: read / change fault-injection settings at runtime.
-* ``GET /_stub/calls[?offset=&limit=]``: recorded requests; ``GET /_stub/stats``: counters.
+* ``GET /_stub/calls[?offset=&limit=]``: recorded requests; ``GET /_stub/stats``: counters,
+  with ``usage_by_schema``: calls and prompt/completion tokens of the answered live calls of
+  each schema (what a run's usage by stage must add up to).
 * ``GET /_stub/batches``: every batch object plus its ``custom_ids`` and ``key_suffix``, in
   creation order, so tests can check that nothing was submitted twice.
 * ``POST /_stub/reset``: clear records, counters, per-key state, the rpm window, files and
@@ -79,6 +81,11 @@ Config keys (``/_stub/config``, ``StubServer(**config)``; CLI flags for the firs
 * ``echo_authorization`` (bool): every answer carries the request's ``Authorization``
   header: each claim list (single or packed) gets the claims ``"Authorization: <header>"``
   and ``"The request key is <key>"``, and each verdict's reason ends with the key.
+* ``flip_rate`` (0..1), ``flip_seed`` (int), ``flip_per_call`` (bool): a judge that errs. Each
+  attribution verdict of the rule below is flipped with probability ``flip_rate``: decided by
+  a hash of the claim's text and ``flip_seed`` (the same claim flips in every call and every
+  run), or with ``flip_per_call`` drawn afresh in each call from the seeded RNG. The rule
+  (``attribute``) is then the "human" truth and the flip rate the judge's known error.
 * ``batch_max_requests`` (default 50,000), ``batch_max_bytes`` (default 200 MB): larger input
   files are refused (400) when a batch is created from them, as are duplicate custom_ids,
   lines that are not ``{"custom_id", "method": "POST", "url": <endpoint>, "body"}`` and
@@ -188,6 +195,9 @@ class StubConfig:
     batch_max_bytes: int = 200 * 1024 * 1024
     follow_injections: str | None = None  # None, "prepend" or "replace" (module docstring)
     echo_authorization: bool = False
+    flip_rate: float = 0.0
+    flip_per_call: bool = False
+    flip_seed: int = 0
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply ``changes`` after validating every key and value (all or nothing)."""
@@ -208,7 +218,7 @@ def _coerce(key: str, value: Any) -> Any:
         if not number >= 0:  # also refuses NaN
             raise ValueError(f"{key} must be >= 0")
         return number
-    if key in ("rate_429", "rate_500", "batch_line_fail_rate"):
+    if key in ("rate_429", "rate_500", "batch_line_fail_rate", "flip_rate"):
         rate = float(value)
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"{key} must be within 0..1")
@@ -236,7 +246,7 @@ def _coerce(key: str, value: Any) -> Any:
         return None if value is None or int(value) <= 0 else int(value)
     if key == "seed":
         return None if value is None else int(value)
-    if key in ("record_messages", "echo_authorization"):
+    if key in ("record_messages", "echo_authorization", "flip_per_call"):
         if not isinstance(value, bool):
             raise ValueError(f"{key} must be a boolean")
         return value
@@ -244,6 +254,8 @@ def _coerce(key: str, value: Any) -> Any:
         if value is not None and value not in INJECT_STYLES:
             raise ValueError(f"follow_injections must be null or one of {INJECT_STYLES}")
         return value
+    if key == "flip_seed":
+        return int(value)
     raise ValueError(f"unknown config key: {key}")
 
 
@@ -358,6 +370,23 @@ def attribute(claims: list[tuple[int, str]], contexts: list[tuple[int, str]]) ->
             }
         )
     return verdicts
+
+
+def flips_claim(text: str, rate: float, seed: int) -> bool:
+    """Whether the deterministic flip mode flips the verdict on a claim of this text: the
+    same answer for the same text, seed and rate in every call and every process."""
+    if rate <= 0:
+        return False
+    digest = hashlib.sha256(f"{seed}\x00{text}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < rate
+
+
+def flipped(verdict: dict[str, Any], contexts: list[tuple[int, str]]) -> dict[str, Any]:
+    """The opposite verdict: a flipped "yes" cites the first context."""
+    if verdict["verdict"] == "yes":
+        return {**verdict, "verdict": "no", "context_indices": [], "reason": "stub: flipped"}
+    cited = [contexts[0][0]] if contexts else []
+    return {**verdict, "verdict": "yes", "context_indices": cited, "reason": "stub: flipped"}
 
 
 def packed_items(ground_truths: list[tuple[int, str]]) -> tuple[list[dict[str, Any]], int]:
@@ -752,6 +781,10 @@ class StubState:
         self.by_status: collections.Counter[str] = collections.Counter()
         self.by_schema: collections.Counter[str] = collections.Counter()
         self.by_fault: collections.Counter[str] = collections.Counter()
+        # what the answered live calls used, per schema: {schema: {calls, prompt_tokens, ...}}
+        self.usage_by_schema: dict[str, collections.Counter[str]] = collections.defaultdict(
+            collections.Counter
+        )
         self.window: collections.deque[float] = collections.deque()
         self.dropped_once: set[str] = set()
         self.in_flight = 0
@@ -776,6 +809,7 @@ class StubState:
         self.by_status.clear()
         self.by_schema.clear()
         self.by_fault.clear()
+        self.usage_by_schema.clear()
         self.window.clear()
         self.dropped_once.clear()
         self.max_in_flight = self.in_flight
@@ -880,13 +914,32 @@ class StubState:
         if schema == EXTRACTION:
             return {"claims": extraction_claims(ground_truth_text(data))}, None
         claims = indexed_texts(data["claims"], "claims")
-        verdicts = attribute(claims, indexed_texts(data["contexts"], "contexts"))
+        contexts = indexed_texts(data["contexts"], "contexts")
+        verdicts = self._flip(claims, contexts, attribute(claims, contexts))
         if MARK_HUGE_REASON in marked:
             for verdict in verdicts:
                 verdict["reason"] = "because " * (HUGE_REASON_CHARS // 8)
         if verdicts and self._drop_last(data, claims, marked):
             return {"verdicts": verdicts[:-1]}, "dropped_verdict"
         return {"verdicts": verdicts}, None
+
+    def _flip(
+        self, claims: list[tuple[int, str]], contexts: list[tuple[int, str]], verdicts: list[dict]
+    ) -> list[dict]:
+        """The judge-error mode: each verdict flipped with probability flip_rate, decided by
+        the claim's text (flip_seed) or, with flip_per_call, drawn afresh in every call."""
+        rate = self.config.flip_rate
+        if rate <= 0:
+            return verdicts
+        texts = dict(claims)
+        out = []
+        for verdict in verdicts:
+            if self.config.flip_per_call:
+                flip = self.rng.random() < rate
+            else:
+                flip = flips_claim(texts[verdict["claim_index"]], rate, self.config.flip_seed)
+            out.append(flipped(verdict, contexts) if flip else verdict)
+        return out
 
     def _drop_last(self, data: dict[str, Any], claims: list[tuple[int, str]], marked: str) -> bool:
         """STUB_ALWAYS_DROP always drops; STUB_DROP_VERDICT drops once per claim set.
@@ -1063,6 +1116,13 @@ class StubState:
         if entry.get("fault"):
             self.by_fault[entry["fault"]] += 1
 
+    def count_usage(self, schema: str, usage: dict[str, int]) -> None:
+        """What one answered live call used, under its schema."""
+        counted = self.usage_by_schema[schema]
+        counted["calls"] += 1
+        counted["prompt_tokens"] += usage["prompt_tokens"]
+        counted["completion_tokens"] += usage["completion_tokens"]
+
     def stats(self) -> dict[str, Any]:
         for job in self.batches.values():
             self.advance(job)
@@ -1083,6 +1143,7 @@ class StubState:
             "by_status": dict(self.by_status),
             "by_schema": dict(self.by_schema),
             "by_fault": dict(self.by_fault),
+            "usage_by_schema": {k: dict(v) for k, v in self.usage_by_schema.items()},
             "in_flight": self.in_flight,
             "max_in_flight": self.max_in_flight,
             "outage": self.in_outage(),
@@ -1176,6 +1237,7 @@ def create_app(config: StubConfig | None = None) -> Any:
         answer, payload = state.complete(body, schema, data, request.headers.get("authorization"))
         entry.update(status=200, fault=answer.fault)
         state.record(entry)
+        state.count_usage(schema, payload["usage"])
         return json_response(payload, headers={"x-request-id": payload["id"], **rate_headers()})
 
     def fill_entry(entry: dict, body: dict, data: dict | None, schema: str | None) -> None:

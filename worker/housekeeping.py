@@ -53,7 +53,7 @@ def _loop(reaper: Reaper, retention: Retention, items: ItemStore) -> None:
     while not _stop.is_set():
         try:
             _hand_back_abandoned(items)
-        except Exception:  # noqa: BLE001  (the database is still down)
+        except Exception:  # the database is still down
             log.info("items to hand back wait for the database", exc_info=True)
         try:
             heartbeat.beat()
@@ -63,7 +63,7 @@ def _loop(reaper: Reaper, retention: Retention, items: ItemStore) -> None:
             if time.monotonic() >= next_retention:
                 next_retention = time.monotonic() + retention.interval
                 retention.try_sweep()
-        except Exception:  # noqa: BLE001  (an outage must not kill the thread)
+        except Exception:  # an outage must not kill the thread
             log.warning("housekeeping failed; retrying", exc_info=True)
         _stop.wait(min(heartbeat.interval, reaper.interval))
 
@@ -80,7 +80,7 @@ def _lane_loop(lane: BatchLane, worker_id: str) -> None:
                 report = lane.poll()
                 if report.batches_created or report.batches_applied or report.adopted:
                     log.info("batch lane: %s", report)
-        except Exception:  # noqa: BLE001  (an outage must not kill the thread)
+        except Exception:  # an outage must not kill the thread
             log.warning("batch lane poll failed; retrying", exc_info=True)
 
 

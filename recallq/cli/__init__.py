@@ -24,7 +24,7 @@ from recallq.client import ApiError
 from recallq.dataset import DatasetError
 from recallq.gates import CommandError
 from recallq.ingest import SubmissionError
-from recallq.model_registry import ModelRegistryError
+from recallq.judge_models import JudgeModelsError
 from recallq.redact import redact_url
 from recallq.settings import Settings, read_settings
 
@@ -40,7 +40,7 @@ def explain(exc: BaseException, settings: Settings | None = None) -> str | None:
 
     if isinstance(exc, SubmissionError):
         return exc.message
-    if isinstance(exc, DatasetError | ModelRegistryError):
+    if isinstance(exc, DatasetError | JudgeModelsError):
         return str(exc)
     if isinstance(exc, ApiError):
         return f"{exc.status} {exc.code}: {exc.message}"

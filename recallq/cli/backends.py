@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
 
-from recallq import export, local, queries
+from recallq import export, labels, local, queries
 from recallq.client import Client
 from recallq.db import Database, is_sqlite
 from recallq.display import database_label
 from recallq.gates import CommandError
-from recallq.models import Run
 from recallq.runs import RunService
 from recallq.settings import Settings
+from recallq.tables import Run
 
 DEFAULT_API_URL = "http://127.0.0.1:8000"
 PROJECT = local.PROJECT
@@ -38,6 +38,8 @@ class Backend(Protocol):
     def item(self, run_id: str, item_id: str) -> dict[str, Any]: ...
 
     def cancel(self, run_id: str) -> dict[str, Any]: ...
+
+    def agreement(self, run_id: str) -> dict[str, Any]: ...
 
     def close(self) -> None: ...
 
@@ -64,6 +66,9 @@ class ApiBackend:
 
     def cancel(self, run_id: str) -> dict[str, Any]:
         return self.client.post(f"/v1/runs/{run_id}/cancel")
+
+    def agreement(self, run_id: str) -> dict[str, Any]:
+        return self.client.get(f"/v1/runs/{run_id}/agreement")
 
     def close(self) -> None:
         self.client.close()
@@ -125,6 +130,10 @@ class LocalBackend:
         finally:
             runner.stop(wait=False)
             runtime.close()
+
+    def agreement(self, run_id: str) -> dict[str, Any]:
+        with self.database.session() as session:
+            return labels.agreement_view(session, self._run(session, run_id))
 
     def close(self) -> None:
         self.database.dispose()

@@ -19,12 +19,13 @@ from recallq.cli.backends import LocalBackend, not_found, open_local_database
 from recallq.cli.reports import REPORT_LOWEST, write_report
 from recallq.display import database_label
 from recallq.gates import CommandError, Exit
+from recallq.judge_models import LEXICAL
 from recallq.local import LocalRunner
-from recallq.model_registry import LEXICAL
-from recallq.models import Run
 from recallq.runs import RunConflict, RunService
 from recallq.runtime import Runtime
 from recallq.settings import Settings
+from recallq.status import PublicItemStatus
+from recallq.tables import Run
 
 LOCAL_BATCH_REFUSED = (
     "--batch needs the service: a provider batch can take up to 24 hours, and a worker polls "
@@ -212,9 +213,9 @@ def _interrupted(
         )
     try:
         counts = local.run_view(runtime, run_id, details=False)["counts"]
-        done = counts["succeeded"] + counts["failed"]
+        done = counts[PublicItemStatus.SUCCEEDED] + counts[PublicItemStatus.FAILED]
         progress = f": {done} of {counts['total']} items done, and not sent again"
-    except Exception:  # noqa: BLE001  (the message below matters more than the counts)
+    except Exception:  # the message below matters more than the counts
         progress = ""
     print(f"recallq: run {run_id} is kept{progress}", file=sys.stderr)
     if resume_argv is not None:

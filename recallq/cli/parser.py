@@ -10,7 +10,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from recallq.cli import labels
 from recallq.cli.reports import MAX_REPORT_LOWEST, REPORT_LOWEST
+from recallq.status import RunStatus
 
 
 def _command(module: str, name: str) -> Callable[[argparse.Namespace], int]:
@@ -163,9 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     runs = sub.add_parser("runs", help="list runs, newest first")
     _add_api(runs)
-    runs.add_argument(
-        "--status", choices=["queued", "running", "completed", "cancelled"], help="only these"
-    )
+    runs.add_argument("--status", choices=list(RunStatus), help="only these")
     runs.add_argument("--name", help="only runs of this name")
     runs.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
     runs.add_argument("--json", action="store_true", help="the run objects as JSON")
@@ -268,4 +268,5 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("--context-extractor", type=_json_argument, help="JSON extractor spec")
     estimate.add_argument("--json", action="store_true", help="print the estimate as JSON")
     estimate.set_defaults(func=_command("run_commands", "estimate"))
+    labels.add_commands(sub)  # label, agreement, rejudge, gate --corrected
     return parser

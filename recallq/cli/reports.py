@@ -39,7 +39,8 @@ def write_report(
             for key, (_, score) in scores.items()
             if key in base_scores
         ]
-    page = html_report.render(view, items, comparison, pairs)
+    agreement = backend.agreement(run_id)
+    page = html_report.render(view, items, comparison, pairs, agreement=agreement)
     partial = target.with_name(target.name + ".partial")
     partial.write_text(page, encoding="utf-8")
     partial.replace(target)

@@ -215,7 +215,7 @@ def estimate(args: argparse.Namespace) -> int:
     """Items, judge calls, tokens and cost of a run of this file, without running it."""
     from recallq import dataset, ingest, runs
     from recallq.db import Database, is_sqlite
-    from recallq.model_registry import ModelRegistryError, load_models
+    from recallq.judge_models import JudgeModelsError, load_models
 
     settings: Settings = args.settings
     if not args.file.exists():
@@ -229,7 +229,7 @@ def estimate(args: argparse.Namespace) -> int:
             "context_extractor": args.context_extractor,
         }
         spec = runs.spec_of(fields, settings, models)
-    except (ingest.SubmissionError, ModelRegistryError) as exc:
+    except (ingest.SubmissionError, JudgeModelsError) as exc:
         print(f"recallq: {exc}", file=sys.stderr)
         return 2
     # the claim cache of the local database, when there is one (an estimate makes none)
@@ -263,7 +263,7 @@ def _estimate_without_database(spec: Any, items: Any, settings: Any, models: Any
     from sqlalchemy.orm import Session
 
     from recallq import ingest
-    from recallq.models import Base
+    from recallq.tables import Base
 
     engine = create_engine("sqlite://")
     Base.metadata.create_all(engine)

@@ -2,7 +2,9 @@
 
 Importing this module imports litellm (about 6 s of CPU): only code that calls a model does.
 The only retry loop for judge calls lives in recallq.retry; litellm's and the OpenAI SDK's own
-retries are switched off here so attempts never multiply.
+retries are switched off here so attempts never multiply. A judge call is one call (limits,
+call gate, circuit breaker, retries); an answer not in the schema's shape raises
+MalformedAnswer, and whether to send a repair request is recallq.pipeline's decision.
 """
 
 from __future__ import annotations
@@ -17,23 +19,23 @@ from recallq import metrics, patches
 from recallq.coordination.breaker import CircuitBreaker, Open, Probe
 from recallq.coordination.gate import CallGate
 from recallq.coordination.ratelimit import RateLimiter
-from recallq.judge import protocol
-from recallq.judge.base import (
+from recallq.errors import (
     JudgeError,
-    JudgeReply,
-    PackedReply,
+    MalformedAnswer,
     PermanentJudgeError,
     ProviderUnavailable,
     TransientJudgeError,
-    Usage,
 )
-from recallq.model_registry import ModelConfig
+from recallq.judge import protocol
+from recallq.judge.base import JudgeReply, PackedReply, Repair
+from recallq.judge_models import ModelConfig
 from recallq.redact import Redactor
 from recallq.retry import RetryPolicy, call_with_retries
+from recallq.usage import Usage
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
 
-import litellm  # noqa: E402  (after the variable above)
+import litellm  # after the variable above
 
 _TRANSIENT = (
     litellm.RateLimitError,
@@ -140,56 +142,49 @@ class LLMJudge:
             mock_response='{"claims": []}',
         )
 
-    def extract_claims(self, ground_truth: str, run_id: str) -> JudgeReply:
+    def extract_claims(
+        self, ground_truth: str, run_id: str, repair: Repair | None = None
+    ) -> JudgeReply:
         messages = protocol.extraction_messages(ground_truth)
-        return self._ask(protocol.EXTRACTION, messages, run_id)
+        return self._ask(protocol.EXTRACTION, messages, run_id, repair)
 
     def extract_claims_packed(self, ground_truths: list[str], run_id: str) -> PackedReply:
-        """One call for several ground truths. A malformed answer is not repaired: its items
-        are missing, and each falls back to an extraction of its own."""
         messages = protocol.packed_extraction_messages(ground_truths)
         answer = self._complete(protocol.EXTRACTION_PACKED, messages, run_id)
-        try:
-            data = self._parse(protocol.EXTRACTION_PACKED, answer)
-        except protocol.ProtocolError:  # too large as well: each item is then bounded alone
-            return PackedReply({}, answer.usage)
+        data = self._parse(protocol.EXTRACTION_PACKED, answer)
         claims = protocol.packed_claims(data, ground_truths, self._limits)
         return PackedReply(claims, answer.usage)
 
-    def attribute(self, claims: list[str], contexts: list[str], run_id: str) -> JudgeReply:
+    def attribute(
+        self, claims: list[str], contexts: list[str], run_id: str, repair: Repair | None = None
+    ) -> JudgeReply:
         messages = protocol.attribution_messages(claims, contexts)
-        return self._ask(protocol.ATTRIBUTION, messages, run_id)
+        return self._ask(protocol.ATTRIBUTION, messages, run_id, repair)
 
-    def _ask(self, schema: str, messages: list[dict[str, str]], run_id: str) -> JudgeReply:
-        """One call, plus one repair request when the answer is malformed. Whatever the repair
-        request does, the first call was answered and is charged."""
-        first = self._complete(schema, messages, run_id)
-        try:
-            return JudgeReply(self._parse(schema, first), first.usage)
-        except protocol.AnswerTooLarge as too_large:
-            raise PermanentJudgeError(f"{schema}: {too_large}", first.usage) from None
-        except protocol.ProtocolError as problem:
-            repair = protocol.repair_messages(messages, first.content, str(problem))
-        try:
-            second = self._complete(schema, repair, run_id, repair=True)
-        except JudgeError as exc:
-            exc.after(first.usage)
-            raise
-        usage = first.usage + second.usage
-        try:
-            return JudgeReply(self._parse(schema, second), usage)
-        except protocol.AnswerTooLarge as too_large:
-            raise PermanentJudgeError(f"{schema}: {too_large}", usage) from None
-        except protocol.ProtocolError as still:
-            raise PermanentJudgeError(
-                f"{schema}: malformed answer after a repair request: {still}", usage
-            ) from still
+    def _ask(
+        self, schema: str, messages: list[dict[str, str]], run_id: str, repair: Repair | None
+    ) -> JudgeReply:
+        if repair is not None:
+            messages = protocol.repair_messages(messages, repair.answer, repair.problem)
+        answer = self._complete(schema, messages, run_id, repair=repair is not None)
+        return JudgeReply(self._parse(schema, answer), answer.usage)
 
     def _parse(self, schema: str, completion: Completion) -> dict[str, Any]:
-        """The answer parsed within the limits, every configured secret out of it."""
-        return protocol.parse_answer(
-            schema, completion.content, completion.finish_reason, self._limits, self._redact
-        )
+        """The answer parsed within the limits, every configured secret out of it; else
+        MalformedAnswer, charged with the call (an answer over the limits is not repairable,
+        and is not carried)."""
+        try:
+            return protocol.parse_answer(
+                schema, completion.content, completion.finish_reason, self._limits, self._redact
+            )
+        except protocol.AnswerTooLarge as too_large:
+            raise MalformedAnswer(
+                schema, None, str(too_large), completion.usage, repairable=False
+            ) from None
+        except protocol.ProtocolError as problem:
+            raise MalformedAnswer(
+                schema, completion.content, str(problem), completion.usage
+            ) from None
 
     def _complete(
         self, schema: str, messages: list[dict[str, str]], run_id: str, repair: bool = False

@@ -24,7 +24,15 @@ ITEMS = 20_000  # about 4 MB of results: far more than socket buffers hold
 @pytest.fixture(scope="module")
 def env(service_env: dict[str, str]) -> dict[str, str]:
     # a long grace, so the stalled uploads are still stalled (not refused) while we measure
-    return secured_env(service_env, submissions_per_minute=0, body_grace=120, body_min_rate=1)
+    # and room for every stalled reader's stream on the one key (the cap per key is tested in
+    # test_client_isolation.py)
+    return secured_env(
+        service_env,
+        submissions_per_minute=0,
+        body_grace=120,
+        body_min_rate=1,
+        max_result_streams_per_key=STALLED,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -98,14 +106,14 @@ def _settle(pid: int, timeout: float = 60) -> float:
     return time.monotonic() - started
 
 
-def _timed(call) -> float:  # type: ignore[no-untyped-def]
+def _timed(call) -> float:
     started = time.monotonic()
     response = call()
     assert response.status_code == 200, response.text[:200]
     return time.monotonic() - started
 
 
-def test_stalled_uploads_and_readers_block_nothing(served, env: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+def test_stalled_uploads_and_readers_block_nothing(served, env: dict[str, str]) -> None:
     api, key, pid = served
     lines = "".join(
         json.dumps({"id": f"i{i}", "context": ["a passage"], "ground_truth": "A fact."}) + "\n"

@@ -3,18 +3,29 @@
 The API and the workers both send (a new run's dispatch; an item's stages), so this lives in
 the library; the tasks that receive these messages are the worker's (worker.tasks).
 
-    dispatch(run_id)                  top up the run's window of queued items
-    extract_group([item_id, ...])     one per group of released items; it sends, for each
-        └──► attribute(pass, item_id)     item whose claims it found, its attribution
+    dispatch(run_id=)                     top up the run's window of queued items
+    extract_group(item_ids=[...])         one per group of released items; it sends, for each
+        └──► attribute(message=, item_id=)    item whose claims it found, its attribution
+
+Arguments go by name: a worker reads the items a message holds from `item_ids` or `item_id`
+(worker.tasks), never from a position.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 
 from celery import Celery
+from redis import Redis
+from sqlalchemy import insert, select, update
 
+from recallq.coordination import keys
+from recallq.db import Database
+from recallq.models import BrokerEpoch, utcnow
 from recallq.outcomes import Taken
+
+log = logging.getLogger(__name__)
 
 QUEUE = "recallq"
 DISPATCH = "recallq.dispatch"
@@ -54,10 +65,57 @@ class CeleryQueue:
     def send_items(self, item_ids: Sequence[int]) -> None:
         for start in range(0, len(item_ids), self.group_size):
             group = list(item_ids[start : start + self.group_size])
-            self.app.send_task(EXTRACT_GROUP, args=[group])
+            self.app.send_task(EXTRACT_GROUP, kwargs={"item_ids": group})
 
     def send_attribution(self, taken: Taken) -> None:
-        self.app.send_task(ATTRIBUTE, args=[taken.to_message(), taken.item_id])
+        self.app.send_task(
+            ATTRIBUTE, kwargs={"message": taken.to_message(), "item_id": taken.item_id}
+        )
 
     def send_dispatch(self, run_id: str) -> None:
-        self.app.send_task(DISPATCH, args=[run_id])
+        self.app.send_task(DISPATCH, kwargs={"run_id": run_id})
+
+
+EPOCH_NAME = "redis"
+
+
+class BrokerEpochs:
+    """Whether the broker lost its data since the reaper last looked.
+
+    The epoch is Redis's `INFO server` `run_id` when it was first seen, remembered twice: in
+    a Redis key and in Postgres. A Redis that restarted without its data (or was flushed)
+    lacks the key; Postgres still has the row, so the loss shows whichever worker starts or
+    sweeps first, and nothing a worker does at start can hide it. A Redis that restarted
+    with its data (persistence) keeps the key: its new run_id is then no loss."""
+
+    def __init__(self, redis: Redis, database: Database) -> None:
+        self._redis = redis
+        self._db = database
+
+    def lost(self) -> bool:
+        run_id = str(self._redis.info("server")["run_id"])
+        found = self._redis.get(keys.BROKER_EPOCH)
+        marker = found.decode() if isinstance(found, bytes) else found
+        with self._db.transaction() as conn:
+            known = conn.execute(
+                select(BrokerEpoch.token).where(BrokerEpoch.name == EPOCH_NAME).with_for_update()
+            ).scalar_one_or_none()
+            if known is None:  # the first sweep ever: nothing can have been lost yet
+                conn.execute(
+                    insert(BrokerEpoch).values(name=EPOCH_NAME, token=run_id, updated_at=utcnow())
+                )
+            elif marker == known:
+                return False
+            else:
+                values = {"token": run_id, "updated_at": utcnow()}
+                conn.execute(
+                    update(BrokerEpoch).where(BrokerEpoch.name == EPOCH_NAME).values(values)
+                )
+                log.warning(
+                    "the broker lost its data (Redis run_id %s, was %s): every message is gone",
+                    run_id,
+                    known,
+                )
+            # before the commit: a second sweeper waiting on the row then finds them equal
+            self._redis.set(keys.BROKER_EPOCH, run_id)
+        return known is not None

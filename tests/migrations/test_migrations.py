@@ -24,6 +24,7 @@ TABLES = {
     "api_keys",
     "provider_batches",
     "batch_lines",
+    "broker_epoch",
 }
 
 

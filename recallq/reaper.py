@@ -17,14 +17,17 @@ whatever held it:
 from __future__ import annotations
 
 import logging
+import math
 import threading
+import time
 from collections.abc import Iterable, Sequence
+from datetime import timedelta
 from typing import Any
 
 from redis import Redis
 from sqlalchemy import and_, or_, select
 
-from recallq.broker import BrokerEpochs
+from recallq.broker import BrokerEpochs, forget_unacknowledged, queued_items, unacknowledged
 from recallq.coordination import keys
 from recallq.coordination.liveness import Heartbeat, forget_held, held_by, worker_of
 from recallq.coordination.periodic import ExclusiveTurn
@@ -69,22 +72,44 @@ class Reaper:
             requeued = self._requeue_all_in_flight()
             log.warning("requeueing %d item(s) (broker lost its data)", requeued)
         else:
-            dead = self.heartbeat.dead_workers()
-            held = held_by(self._redis, dead)
-            lost = self.items_to_requeue(False, {i for ids in held.values() for i in ids})
-            if lost:
-                log.warning("requeueing %d item(s)", len(lost))
-            requeued_ids = self._items.requeue_lost(lost)
-            if requeued_ids:
-                self._queue.send_items(requeued_ids)
-            # only once their items are requeued (a failure above: the next sweep again)
-            forget_held(self._redis, [w for w, ids in held.items() if ids])
-            requeued = len(requeued_ids)
+            requeued = self._requeue_lost()
         with self._db.session() as session:
             active = list(session.scalars(select(Run.id).where(Run.status.in_(RUN_ACTIVE))))
         for run_id in active:
             self._queue.send_dispatch(run_id)
         return requeued
+
+    def _requeue_lost(self) -> int:
+        # The broker first, in the order a message moves (waiting, delivered), then the
+        # workers, then the database: a message in flight between two reads is not missed.
+        waiting = queued_items(self._redis)
+        unacked = unacknowledged(self._redis, math.inf)
+        delivered_before = time.time() - self.heartbeat.ttl
+        dead = self.heartbeat.dead_workers()
+        held = held_by(self._redis, dead)
+        live_held = held_by(self._redis, self.heartbeat.live_workers_ids())
+        holding = {i for ids in live_held.values() for i in ids}
+        # Messages delivered over a TTL ago, never acknowledged, that no live worker holds: a
+        # worker died with them, maybe before it could even note that it held them.
+        orphans = {
+            tag: ids
+            for tag, (delivered, ids) in unacked.items()
+            if delivered < delivered_before and not holding.intersection(ids)
+        }
+        dead_held = {i for ids in [*held.values(), *orphans.values()] for i in ids}
+        in_unacked = {i for _, ids in unacked.values() for i in ids}
+        with_message = waiting | in_unacked | holding | dead_held
+        lost, left = self._lost(dead_held, with_message)
+        if lost:
+            log.warning("requeueing %d item(s)", len(lost))
+        requeued = self._items.requeue_lost(lost)
+        if requeued:
+            self._queue.send_items(requeued)
+        # only once their items are requeued (a failure above: the next sweep again); what
+        # a live owner holds stays, to be looked at again when it no longer does
+        forget_held(self._redis, [w for w, ids in held.items() if ids and not ids & left])
+        forget_unacknowledged(self._redis, [t for t, ids in orphans.items() if not left & set(ids)])
+        return len(requeued)
 
     def _requeue_all_in_flight(self) -> int:
         """Every message is gone, including the next link of chains in progress. Taking the
@@ -113,23 +138,54 @@ class Reaper:
     def items_to_requeue(self, broker_lost: bool, held_by_dead: Iterable[int] = ()) -> list[int]:
         """Items of running runs whose broker message or worker is gone. `held_by_dead`:
         items of messages that dead workers held."""
+        if broker_lost:
+            with self._db.session() as session:
+                return list(
+                    session.scalars(
+                        select(Item.id)
+                        .join(Run, Run.id == Item.run_id)
+                        .where(Run.status == RunStatus.RUNNING, Item.status.in_(IN_FLIGHT))
+                        .limit(BATCH)
+                    )
+                )
+        return self._lost(set(held_by_dead))[0]
+
+    def _lost(
+        self, dead_held: set[int], with_message: set[int] | None = None
+    ) -> tuple[list[int], set[int]]:
+        """The items lost, and those of `dead_held` left to a live owner holding them.
+        `with_message`: the items of every message in the broker, delivered or not, and held
+        by a worker, read before the items are (then an item released since, or one of a
+        message sent since, is not in it, and is too young to be taken for lost)."""
         now = utcnow()
-        dead_held = set(held_by_dead)
         queued = Item.status == ItemStatus.QUEUED
-        lost_message = queued if broker_lost else and_(queued, Item.lease_until < now)
+        lost_message = and_(queued, Item.lease_until < now)
         candidates = or_(Item.status == ItemStatus.RUNNING, lost_message)
+        # released (queued, never taken, not deferred) over a heartbeat TTL ago
+        released_before = now + timedelta(
+            seconds=self._items.queue_lease_seconds - self.heartbeat.ttl
+        )
+        unsent = and_(
+            queued,
+            Item.owner.is_(None),
+            Item.attempts == 0,
+            Item.lease_until < released_before,
+        )
+        if with_message is not None:
+            candidates = or_(candidates, unsent)
+        # last written (a lease of either kind) over a heartbeat TTL ago
+        leases = min(self._items.queue_lease_seconds, self._items.lease_seconds)
+        quiet_before = now + timedelta(seconds=leases - self.heartbeat.ttl)
         if dead_held:
             candidates = or_(candidates, and_(Item.id.in_(dead_held), Item.status.in_(IN_FLIGHT)))
         with self._db.session() as session:
             rows = session.execute(
-                select(Item.id, Item.status, Item.owner, Item.lease_until)
+                select(Item.id, Item.status, Item.owner, Item.lease_until, Item.attempts)
                 .join(Run, Run.id == Item.run_id)
                 .where(Run.status == RunStatus.RUNNING)
                 .where(candidates)
                 .limit(BATCH * 10)
             ).all()
-        if broker_lost:
-            return [row.id for row in rows][:BATCH]
         owners = sorted({worker_of(r.owner) for r in rows if r.owner})
         alive = self.heartbeat.alive(owners)
         holding = _holding(self._redis, rows, dead_held, alive)
@@ -140,11 +196,27 @@ class Reaper:
                 # a message of it (a stage of it is running there, or about to)
                 return not (row.owner and row.id in holding.get(worker_of(row.owner), ()))
             if row.status == ItemStatus.QUEUED:
+                if with_message is not None and row.id not in with_message:
+                    never_taken = row.owner is None and row.attempts == 0
+                    # a worker died between releasing it and sending its message
+                    if never_taken and as_utc(row.lease_until) < released_before:
+                        return True
                 return row.lease_until is None or as_utc(row.lease_until) < now
             expired = row.lease_until is None or as_utc(row.lease_until) < now
-            return expired or not row.owner or worker_of(row.owner) not in alive
+            if expired or not row.owner or worker_of(row.owner) not in alive:
+                return True
+            # between stages (or a stage that ended without settling it) with its message
+            # lost: a worker killed as it took the message out of the queue (kombu's BRPOP
+            # and its note of the delivery are two steps) leaves no trace in Redis
+            return (
+                with_message is not None
+                and row.id not in with_message
+                and as_utc(row.lease_until) < quiet_before
+            )
 
-        return [row.id for row in rows if lost(row)][:BATCH]
+        found = [row.id for row in rows if lost(row)]
+        left = {row.id for row in rows if row.id in dead_held} - set(found)
+        return found[:BATCH], left
 
 
 def _holding(

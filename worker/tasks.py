@@ -13,7 +13,7 @@ import functools
 import inspect
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 import kombu.exceptions
@@ -22,6 +22,7 @@ import sqlalchemy.exc
 from celery.exceptions import Reject
 
 from recallq import broker
+from recallq.broker import items_named
 from recallq.outcomes import Continue, Taken
 from worker.celery_app import app, runtime, state
 
@@ -36,14 +37,6 @@ OUTAGES = (
 )
 OUTAGE_PAUSE = 2.0
 T = TypeVar("T")
-
-
-def items_named(arguments: Mapping[str, Any]) -> list[int]:
-    """The items a task's message is about, by argument name (`item_ids` or `item_id`)."""
-    found = arguments.get("item_ids")
-    if found is None:
-        found = [arguments["item_id"]] if "item_id" in arguments else []
-    return [i for i in found if isinstance(i, int)]
 
 
 def items_of(task: Callable[..., Any], args: Any, kwargs: Any) -> list[int]:

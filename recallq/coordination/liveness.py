@@ -68,6 +68,15 @@ class Heartbeat:
         """Whether the worker named in an item's owner token still beats."""
         return bool(self.alive([worker_of(owner)]))
 
+    def live_workers_ids(self) -> list[str]:
+        """Workers beating now."""
+        recent = [
+            w.decode() if isinstance(w, bytes) else str(w)
+            for w in self._redis.zrangebyscore(keys.WORKERS, time.time() - self.ttl, "+inf")
+        ]
+        alive = self.alive(recent)
+        return [w for w in recent if w in alive]
+
     def dead_workers(self) -> list[str]:
         """Workers that beat within a day but not within the heartbeat TTL."""
         now = time.time()

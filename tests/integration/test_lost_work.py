@@ -14,12 +14,15 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
+from datetime import timedelta
 
 import pytest
+from celery import Celery
+from kombu import Connection, Exchange, Queue
 from redis import Redis
-from sqlalchemy import select
+from sqlalchemy import select, update
 
-from recallq import ingest
+from recallq import broker, ingest
 from recallq.broker import BrokerEpochs
 from recallq.coordination import keys
 from recallq.coordination.liveness import HeldItems, held_by
@@ -32,7 +35,7 @@ from recallq.coordination.periodic import (
 )
 from recallq.db import Database
 from recallq.judge.base import JudgeReply, Usage
-from recallq.models import Item
+from recallq.models import Item, utcnow
 from recallq.outcomes import Continue, Taken
 from recallq.reaper import HandBack
 from recallq.runtime import Runtime
@@ -265,6 +268,99 @@ def test_a_message_held_by_a_dead_worker_comes_back_at_the_next_sweep(
     assert sender.queue.sent[sent_before:] == [item_id]  # type: ignore[attr-defined]
     assert held_by(redis, ["host:holder"]) == {"host:holder": set()}  # forgotten once requeued
     assert reaper.sweep() == 0
+
+
+def test_a_message_a_worker_died_with_before_noting_it_comes_back(
+    workers: Callable[[str], Runtime], redis: Redis, redis_server: RedisServer
+) -> None:
+    """Delivered to a worker killed before it could write that it held the message: only
+    the broker's unacknowledged messages know of it."""
+    sender = workers("host:sender")
+    assert sender.heartbeat is not None
+    item_id = _between_stages(sender)
+    sender.heartbeat.beat()
+    app = broker.configure(Celery("lost-work-test"), redis_server.url())
+    broker.CeleryQueue(app, 8).send_dispatch("not-a-run")  # no item: never requeues anything
+    _deliver_unacknowledged(redis_server.url())
+    app.send_task(broker.ATTRIBUTE, kwargs={"message": None, "item_id": item_id})
+    _deliver_unacknowledged(redis_server.url())
+    assert redis.hlen(broker.UNACKED) == 2
+    reaper = sender.reaper()
+    assert reaper.sweep() == 0  # delivered just now: its worker may still note it
+
+    for tag in redis.zrange(broker.UNACKED_INDEX, 0, -1):
+        redis.zadd(broker.UNACKED_INDEX, {tag: time.time() - 2 * sender.heartbeat.ttl})
+    assert reaper.sweep() == 1
+    assert _item(sender, item_id).status == ItemStatus.QUEUED
+    assert redis.hlen(broker.UNACKED) == 0  # acknowledged for the dead worker: no late copy
+    assert reaper.sweep() == 0
+    app.close()
+
+
+def test_an_item_released_by_a_worker_that_died_before_sending_it_comes_back(
+    workers: Callable[[str], Runtime], redis: Redis, redis_server: RedisServer
+) -> None:
+    """Released (pending -> queued) in the transaction that ended another item; its worker
+    was killed before it sent the item's message: no message of it is anywhere."""
+    runtime = workers("host:one")
+    assert runtime.heartbeat is not None
+    waiting, unsent = _queued_item(runtime), _queued_item(runtime)  # "sent" nowhere
+    released_long_ago = utcnow() + timedelta(
+        seconds=runtime.settings.queue_lease_seconds - 2 * runtime.heartbeat.ttl
+    )
+    with runtime.database.session() as session, session.begin():
+        session.execute(
+            update(Item).where(Item.id.in_([waiting, unsent])).values(lease_until=released_long_ago)
+        )
+    app = broker.configure(Celery("lost-work-test"), redis_server.url())
+    broker.CeleryQueue(app, 8).send_items([waiting])  # its message waits in the queue
+    app.close()
+
+    assert runtime.reaper().sweep() == 1
+    assert _item(runtime, unsent).lease_until != released_long_ago  # requeued, sent again
+    assert runtime.queue.sent[-1:] == [unsent]  # type: ignore[attr-defined]
+    assert _item(runtime, waiting).status == ItemStatus.QUEUED
+
+
+def test_an_item_between_stages_whose_message_vanished_comes_back_from_a_live_owner(
+    workers: Callable[[str], Runtime], redis: Redis, redis_server: RedisServer
+) -> None:
+    """Owned by a live worker, between stages, and no message of it anywhere (a worker
+    killed as it took the message out of the queue leaves no trace of it in Redis)."""
+    runtime = workers("host:sender")
+    assert runtime.heartbeat is not None
+    vanished, waiting = _between_stages(runtime), _between_stages(runtime)
+    runtime.heartbeat.beat()
+    reaper = runtime.reaper()
+    assert reaper.sweep() == 0  # just written: its message may be on its way
+    written_long_ago = utcnow() + timedelta(
+        seconds=runtime.settings.queue_lease_seconds - 2 * runtime.heartbeat.ttl
+    )
+    with runtime.database.session() as session, session.begin():
+        session.execute(
+            update(Item)
+            .where(Item.id.in_([vanished, waiting]))
+            .values(lease_until=written_long_ago)
+        )
+    app = broker.configure(Celery("lost-work-test"), redis_server.url())
+    app.send_task(broker.ATTRIBUTE, kwargs={"message": None, "item_id": waiting})
+    app.close()
+
+    assert reaper.sweep() == 1
+    assert _item(runtime, vanished).status == ItemStatus.QUEUED
+    assert _item(runtime, waiting).status == ItemStatus.RUNNING  # its message is queued
+
+
+def _deliver_unacknowledged(url: str) -> None:
+    """A worker's consumer takes one message and dies before acknowledging it."""
+    connection = Connection(url)
+    queue = Queue(broker.QUEUE, Exchange(broker.QUEUE), broker.QUEUE)
+    connection.Consumer([queue], callbacks=[lambda body, message: None]).consume()
+    connection.drain_events(timeout=10)
+    qos = connection.default_channel.qos
+    qos._delivered.clear()  # SIGKILLed: nothing of this consumer runs again, nor restores
+    qos._dirty.clear()
+    connection.close()
 
 
 def test_an_item_a_live_owner_holds_again_is_left_to_it(

@@ -23,9 +23,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api import errors, pages, schemas
+from api import errors, guards, label_pages, labels, metrics, pages, schemas
 from api.body import SpoolBudget
 from api.routes import router
+from api.streams import StreamSlots
 from recallq import broker
 from recallq.apikeys import KeyStore
 from recallq.coordination.submissions import SubmissionLimiter
@@ -60,15 +61,20 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
     app.state.runtime = runtime
     app.state.keys = KeyStore(runtime.database)
     app.state.spool_budget = SpoolBudget(settings.max_spool_bytes)
+    app.state.result_streams = StreamSlots(settings.max_result_streams_per_key)
     if runtime.redis is not None:
         app.state.submissions = SubmissionLimiter(
             runtime.redis, settings.submissions_per_minute, settings.submission_burst
         )
+    hosts = guards.allowed_hosts(settings.allowed_hosts)
     if settings.auth == "off":
         log.warning(
             "RECALLQ_AUTH=off: every request acts in project 'default' with every role, "
-            "without a key. Anyone who can reach %s can read, submit and delete runs.",
-            "this API",
+            "without a key. Anyone who can reach this API can read, submit and delete runs. "
+            "Only these Host names are answered (DNS rebinding): %s and the address it "
+            "listens on (RECALLQ_ALLOWED_HOSTS adds more); a request body must be JSON or "
+            "NDJSON, which a page on another site cannot send.",
+            ", ".join(sorted(hosts)),
         )
     elif not settings.session_secret:
         log.warning(
@@ -80,9 +86,13 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
     errors.install(app)
     _allow_header_on_405(app)
     app.include_router(router)
+    app.include_router(labels.router)
     pages.install(app)
+    app.include_router(label_pages.router)
+    metrics.install(app, runtime)
     _docs(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
+    app.add_middleware(guards.RequestGuards, auth_off=settings.auth == "off", hosts=hosts)
     app.add_middleware(_SecurityHeaders)
     return app
 

@@ -42,7 +42,10 @@ def current_principal(
     if runtime.settings.auth == "off":
         return DEFAULT_PRINCIPAL
     if credentials is None:
-        raise _unauthenticated("send an API key as `Authorization: Bearer KEY`")
+        raise _unauthenticated(
+            "no API key: the recallq CLI and recallq.Client send RECALLQ_API_KEY; other "
+            "clients send `Authorization: Bearer KEY` (recallq keys create makes one)"
+        )
     keys: KeyStore = request.app.state.keys
     principal = keys.authenticate(credentials.credentials)
     if principal is None:

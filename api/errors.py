@@ -29,6 +29,7 @@ STATUS_CODES = {
     409: "conflict",
     413: "body_too_large",
     415: "unsupported_media_type",
+    421: "misdirected_request",
     422: "invalid_request",
     429: "rate_limited",
     503: "unavailable",

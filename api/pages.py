@@ -9,6 +9,7 @@ page. Not in the OpenAPI document.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Mapping
@@ -30,7 +31,7 @@ from api.body import Pace, paced_chunks
 from api.page_auth import Browser
 from api.routes import cancel, find_run, plausible_id, retry
 from recallq import compare as ab
-from recallq import inputs, queries, viewer
+from recallq import inputs, labels, queries, viewer
 from recallq.models import Run
 from recallq.runtime import Runtime
 from recallq.status import RUN_ACTIVE
@@ -395,6 +396,9 @@ def run_page(request: Request, run_id: str, by: str | None = None) -> Response:
         if fields and by:
             groups = _SCANS.submit(_group_summary, runtime, run.id, by)
         view, notice = _run_view(runtime, session, run)
+        agreement = (
+            labels.agreement_view(session, run) if labels.has_labels(session, run.id) else None
+        )
     if by is not None and by not in fields:
         fields = [*fields, by]
     active = view["status"] in RUN_ACTIVE
@@ -411,6 +415,8 @@ def run_page(request: Request, run_id: str, by: str | None = None) -> Response:
         by=by,
         groups=None if groups is None else groups.result(),
         refresh_seconds=REFRESH_SECONDS if active else None,
+        agreement=agreement,
+        item_url=_item_href(run.id),
     )
 
 
@@ -496,7 +502,9 @@ def items_page(
             text=_text(q, "q"),
             sort=_choice(sort, "sort", ("score", "-score")),
         )
-        after = _cursor(cursor, queries.decode_items_cursor)
+        after = _cursor(
+            cursor, functools.partial(queries.decode_items_cursor, by_score=where.by_score)
+        )
         table = queries.items_table(session, run.id, where, ITEMS_PAGE, after)
     base = f"/runs/{quote(run.id, safe='')}/items"
     query = {
@@ -537,7 +545,16 @@ def item_page(request: Request, run_id: str, item_id: str) -> Response:
         item = queries.get_item(session, run.id, item_id) if plausible_id(item_id) else None
         if item is None:
             raise _not_found("item")
-    return _render(request, browser, "item.html", run=_run_brief(run), item=item)
+        human_labels = labels.item_labels(session, run.id, item_id)
+    return _render(
+        request,
+        browser,
+        "item.html",
+        run=_run_brief(run),
+        item=item,
+        human_labels=human_labels,
+        can_write=_can_write(browser),
+    )
 
 
 # --- comparing ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import base64
 import itertools
 import json
 import logging
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import Callable, Iterable
 from typing import Annotated, Any, Literal
 
 import anyio.to_thread
@@ -23,11 +23,11 @@ from redis.exceptions import RedisError
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-from api import schemas
-from api.auth import AdminProject, Project, WriteProject, Writer
+from api import schemas, streams
+from api.auth import AdminProject, Caller, Project, WriteProject, Writer
 from api.body import Pace, SpooledUpload, read_json_body, spool_ndjson
 from api.errors import ApiError, not_found
-from recallq import export, ingest, inputs, model_registry, queries, quotas
+from recallq import export, ingest, inputs, model_registry, queries, quotas, scoring
 from recallq.apikeys import Principal
 from recallq.models import Run
 from recallq.runtime import Runtime
@@ -50,8 +50,6 @@ RUN_FIELDS = {
 }
 MAX_ID_LENGTH = 200  # run ids are UUIDs; item ids at most 200 characters
 MAX_CURSOR_LENGTH = 64
-MAX_CURSOR_INDEX = 2**31 - 1  # items.idx is an INTEGER
-RESULTS_PAGE = 500
 ANONYMOUS = "auth-off"  # the rate-limit key of every caller when RECALLQ_AUTH=off
 errors = schemas.error_responses
 
@@ -291,7 +289,7 @@ async def create_run(
     dry_run: Annotated[bool, Query(description="estimate only: nothing is created")] = False,
     name: Annotated[str | None, Query(max_length=200)] = None,
     model: Annotated[str | None, Query(max_length=200)] = None,
-    scale: Annotated[float, Query(gt=0, le=ingest.MAX_SCALE)] = 1,
+    scale: Annotated[float, Query(ge=scoring.MIN_SCALE, le=scoring.MAX_SCALE)] = 1,
     context: Annotated[
         str | None,
         Query(
@@ -316,7 +314,7 @@ async def create_run(
     settings = runtime.settings
     key = idempotency_key.strip() if idempotency_key else None
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if content_type not in (NDJSON, "application/json", ""):
+    if content_type not in (NDJSON, "application/json"):  # none: a Blob from another site
         raise ApiError(415, "unsupported_media_type", f"use application/json or {NDJSON}")
     limiter = getattr(request.app.state, "submissions", None)
     await anyio.to_thread.run_sync(_admit, runtime, principal, limiter, dry_run)
@@ -379,7 +377,11 @@ def _plain_text(value: str | None) -> str | None:
 
 MetadataField = Annotated[
     str | None,
-    Query(max_length=200, description="a metadata field: results per its value"),
+    Query(
+        max_length=200,
+        description="a metadata field: results per its value",
+        json_schema_extra={"pattern": "^[^\\u0000]*$"},  # no NUL (checked below)
+    ),
     AfterValidator(_plain_text),
 ]
 
@@ -395,7 +397,10 @@ def list_runs(
     status: RunStatusParam | None = None,
     name: Annotated[str | None, Query(max_length=200, description="exact run name")] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
-    cursor: Annotated[str | None, Query(max_length=200)] = None,
+    cursor: Annotated[
+        str | None,
+        Query(max_length=200, json_schema_extra={"pattern": queries.RUN_CURSOR_PATTERN}),
+    ] = None,
 ) -> dict[str, Any]:
     """The project's runs, newest first: `{"runs": [run objects], "next_cursor": ...}`."""
     after = None
@@ -464,7 +469,7 @@ def _decode_cursor(cursor: str | None) -> int | None:
                 index = int(decoded)
         except ValueError:
             pass
-    if not 0 <= index <= MAX_CURSOR_INDEX:
+    if not 0 <= index <= queries.MAX_INDEX:
         raise ApiError(422, "invalid_cursor", "cursor is not one this API returned")
     return index
 
@@ -474,7 +479,17 @@ def _encode_cursor(index: int | None) -> str | None:
 
 
 ItemStatusParam = Literal["pending", "running", "succeeded", "failed", "cancelled"]
-Cursor = Annotated[str | None, Query(max_length=MAX_CURSOR_LENGTH)]
+# The cursors _encode_cursor makes (base64url of 1 to 9 digits), exactly: a cursor is opaque,
+# and the spec says which strings are one, so that a fuzzer of the spec sends only those as
+# valid (any other string is a 422 invalid_cursor).
+_DIGITS3 = "(?:[MN][DTjz]|O[DT])[AEIMQUYcgk][w-z0-5]"
+_DIGITS2 = "(?:[MN][DTjz]|O[DT])[AEIMQUYcgk]="
+_DIGITS1 = "(?:[MN][AQgw]|O[AQ])=="
+CURSOR_PATTERN = f"^(?:{_DIGITS3}){{0,2}}(?:{_DIGITS3}|{_DIGITS2}|{_DIGITS1})$"
+Cursor = Annotated[
+    str | None,
+    Query(max_length=MAX_CURSOR_LENGTH, json_schema_extra={"pattern": CURSOR_PATTERN}),
+]
 
 
 @router.get(
@@ -499,7 +514,8 @@ def list_items(
 
 
 @router.get(
-    "/v1/runs/{run_id}/items/{item_id}",
+    # an id may contain `/`, as itself or as %2F (the path is matched decoded)
+    "/v1/runs/{run_id}/items/{item_id:path}",
     response_model=None,
     responses={200: {"model": schemas.ItemView}, **errors(401, 404, 422)},
 )
@@ -521,13 +537,18 @@ def _check_run(runtime: Runtime, run_id: str, project: str) -> None:
 
 
 def _results_page(
-    runtime: Runtime, run_id: str, after: int | None, format: str, item_data: bool, first: bool
-) -> tuple[str, int | None]:
-    """One page of results, read in its own short transaction and rendered, in a worker
-    thread (rendering a page is CPU work the event loop should not do)."""
-    with runtime.database.session() as session:
-        page, after = queries.items_page(session, run_id, None, RESULTS_PAGE, after, item_data)
-    return "".join(export.lines(page, format, header=first)), after
+    runtime: Runtime, run_id: str, format: str, item_data: bool
+) -> streams.RenderPage:
+    """The pages of a result stream, each read in its own short transaction and rendered, in
+    a worker thread (rendering a page is CPU work the event loop should not do)."""
+
+    def render(after: int | None, limit: int, first: bool) -> tuple[bytes, int, int | None]:
+        with runtime.database.session() as session:
+            page, after = queries.items_page(session, run_id, None, limit, after, item_data)
+        text = "".join(export.lines(page, format, header=first))
+        return text.encode(), len(page), after
+
+    return render
 
 
 RESULTS_CONTENT = {
@@ -541,36 +562,31 @@ RESULTS_CONTENT = {
     response_class=StreamingResponse,
     responses={
         200: {"content": RESULTS_CONTENT, "description": "Every item with its claims"},
-        **errors(401, 404, 422),
+        **errors(401, 404, 422, 429),
     },
 )
 async def results(
+    request: Request,
     run_id: str,
     runtime: Rt,
-    project: Project,
+    principal: Caller,
     format: Literal["jsonl", "csv", "claims.csv"] = "jsonl",
     item_data: ItemData = True,
 ) -> StreamingResponse:
     """Every item with its claims: JSONL, CSV (a row per item) or claims.csv (a row per
-    claim). Streamed one page at a time, each read in its own short transaction: a reader
-    that stalls holds no transaction, no pooled connection and no thread while it stalls."""
-    await anyio.to_thread.run_sync(_check_run, runtime, run_id, project)
-
-    async def stream() -> AsyncIterator[str]:
-        after: int | None = None
-        first = True
-        while True:
-            text, after = await anyio.to_thread.run_sync(
-                _results_page, runtime, run_id, after, format, item_data, first
-            )
-            yield text
-            first = False
-            if after is None:
-                return
-
+    claim). Streamed a page at a time, each read in its own short transaction and cut by
+    bytes (api.streams): a reader that stalls holds no transaction, no pooled connection, no
+    thread and about half a megabyte while it stalls. A key has a few streams at once (429
+    beyond, `RECALLQ_MAX_RESULT_STREAMS_PER_KEY`)."""
+    await anyio.to_thread.run_sync(_check_run, runtime, run_id, principal.project)
+    slots: streams.StreamSlots = request.app.state.result_streams
+    key = principal.key_id or ANONYMOUS
+    slots.take(key)
     media = export.MEDIA_TYPES[format]
     headers = {"Content-Disposition": f'attachment; filename="{run_id}.{format}"'}
-    return StreamingResponse(stream(), media_type=media, headers=headers)
+    pages = streams.paged_bytes(_results_page(runtime, run_id, format, item_data))
+    stall = runtime.settings.results_stall_timeout
+    return streams.SlottedStream(slots, key, stall, pages, media_type=media, headers=headers)
 
 
 # --- actions --------------------------------------------------------------------------------

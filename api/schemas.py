@@ -11,6 +11,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from recallq import scoring
+from recallq.context import AGENT_INPUT_KEYS
+
 
 class _Open(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -215,16 +218,76 @@ class SubmittedItem(BaseModel):
     )
 
 
+_AGENT_INPUT = {
+    "anyOf": [
+        {"type": "null"},
+        {"type": "object", "anyOf": [{"required": [key]} for key in AGENT_INPUT_KEYS]},
+    ]
+}
+_AGENT_OUTPUT = {
+    "type": "array",
+    "minItems": 1,
+    "items": {
+        "type": "object",
+        "required": ["role", "content"],
+        "properties": {"role": {"type": "string"}},
+    },
+}
+_NON_BLANK = {"type": "string", "pattern": r"\S"}
+#: A run is refused (422 no_context) when no item can resolve a context; the served schema
+#: says which bodies can: an item with its own context, a static context with a passage, or
+#: a context_extractor and an agent-shaped item (recallq.context.can_resolve_any).
+CONTEXT_SOURCES: Any = {
+    "anyOf": [
+        {
+            "properties": {
+                "items": {
+                    "contains": {
+                        "type": "object",
+                        "required": ["context"],
+                        "properties": {"context": {"type": ["array", "string"]}},
+                    }
+                }
+            }
+        },
+        {
+            "required": ["context"],
+            "properties": {
+                "context": {"anyOf": [_NON_BLANK, {"type": "array", "contains": _NON_BLANK}]}
+            },
+        },
+        {
+            "required": ["context_extractor"],
+            "properties": {
+                "context_extractor": {"type": "object"},
+                "items": {
+                    "contains": {
+                        "type": "object",
+                        "required": ["output"],
+                        "properties": {"input": _AGENT_INPUT, "output": _AGENT_OUTPUT},
+                    }
+                },
+            },
+        },
+    ]
+}
+
+
 class RunSubmission(BaseModel):
     """A JSON submission (at most `RECALLQ_MAX_JSON_BODY_BYTES`; large runs use NDJSON)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", json_schema_extra=CONTEXT_SOURCES)
     name: str | None = Field(None, max_length=200)
     model: str | None = Field(None, description="a name from the models file")
     mode: Literal["online", "batch"] = Field(
         "online", description="batch: through the provider's Batch API (a model marked batch)"
     )
-    scale: float = Field(1, gt=0, le=1_000_000)
+    scale: float = Field(
+        1,
+        ge=scoring.MIN_SCALE,
+        le=scoring.MAX_SCALE,
+        description="scores run from 0 to this (reported to 2 decimals)",
+    )
     context: list[Any] | str | None = Field(None, description="static context for every item")
     context_extractor: ToolResultsExtractor | JmespathExtractor | None = None
     retry_deadline_s: float | None = Field(None, gt=0, le=30 * 86400)
@@ -252,7 +315,7 @@ _DESCRIPTIONS = {
     413: "Body, line or item count over a limit",
     415: "Unsupported Content-Type",
     422: "The request is well-formed but not acceptable (the message says why)",
-    429: "Too many submissions for this key, or the project holds as much as it may "
-    "(`Retry-After` says when to retry)",
+    429: "Too many submissions or open result streams for this key, or the project holds as "
+    "much as it may (`Retry-After` says when to retry)",
     503: "The server is busy receiving other uploads; retry",
 }

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from bench import harness, metrics, pages
+from bench import harness, metrics, pages, scrape, streams
 
 Row = tuple[str, ...]
 
@@ -209,7 +209,10 @@ def main() -> None:
     parser.add_argument("--ragas-items", type=int, default=400)
     parser.add_argument("--pages-items", type=int, default=100_000, help="items per run, pages")
     parser.add_argument("--pages-requests", type=int, default=20, help="timed requests per page")
-    sections = ["throughput", "cpu", "limit", "ragas", "cache", "big", "pages"]
+    parser.add_argument("--scrape-items", type=int, default=10_000, help="run while scraping")
+    parser.add_argument("--scrape-rounds", type=int, default=6, help="5 s windows of each kind")
+    parser.add_argument("--scrape-interval", type=float, default=1.0, help="s between scrapes")
+    sections = ["throughput", "cpu", "limit", "ragas", "cache", "big", "pages", "scrape", "streams"]
     parser.add_argument("--sections", nargs="+", default=sections, choices=sections)
     parser.add_argument("--big-latency-ms", type=float, default=20)
     parser.add_argument("--big-concurrency", type=int, default=16)
@@ -227,8 +230,31 @@ def main() -> None:
         cache_table(args)
     if "big" in args.sections:
         big_tables(args)
+    if "streams" in args.sections:
+        print_table(
+            "Stalled /results readers (issue 19)", streams.table_rows(streams.stalled_readers())
+        )
     if "pages" in args.sections:
         pages_table(args)
+    if "scrape" in args.sections:
+        scrape_table(args)
+
+
+def scrape_table(args: argparse.Namespace) -> None:
+    r = scrape.measure(args)
+    print_table(
+        f"GET /metrics during a {r['items']}-item run (2 workers; {r['rounds']} pairs of 5 s "
+        f"windows, scraped every {r['interval']:g} s or not)",
+        [
+            ("API CPU quiet ms/s", "added API CPU ms/scrape", "waiting query ms", "page bytes"),
+            (
+                f"{r['quiet_ms']:.1f}",
+                f"{r['extra_ms']:.2f}",
+                f"{r['query_ms']:.2f}",
+                str(r["bytes"]),
+            ),
+        ],
+    )
 
 
 def throughput_table(args: argparse.Namespace) -> None:

@@ -28,6 +28,25 @@ NDJSON = "application/x-ndjson"
 #: Run statuses after which nothing changes by itself.
 ENDED = ("completed", "cancelled")
 
+#: How long a refused connection is tried again: an API started a moment ago in the same
+#: script (`recallq api &` and then `recallq submit`) takes a second or two to listen.
+CONNECT_PATIENCE_S = 10.0
+
+
+class _PatientTransport(httpx.HTTPTransport):
+    """Tries a refused connection again until CONNECT_PATIENCE_S has passed. Nothing of the
+    request has been sent when the connection is refused, so even a streamed body is safe."""
+
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        deadline = time.monotonic() + CONNECT_PATIENCE_S
+        while True:
+            try:
+                return super().handle_request(request)
+            except httpx.ConnectError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.25)
+
 
 class ApiError(Exception):
     """An error answer of the API: its HTTP status and the body's error code and message."""
@@ -70,6 +89,7 @@ class Client:
             base_url=self.api_url,
             headers=headers,
             timeout=httpx.Timeout(timeout, read=max(timeout, 600.0)),
+            transport=_PatientTransport(),
         )
 
     # --- runs ---------------------------------------------------------------------------------
@@ -169,6 +189,12 @@ class Client:
         _raise_for(response)
         body: dict[str, Any] = response.json()
         return body
+
+    def send(self, method: str, path: str, **request: Any) -> httpx.Response:
+        """Any request (a body, another method), its error answer raised as ApiError."""
+        response = self._http.request(method, path, **request)
+        _raise_for(response)
+        return response
 
     def stream(self, path: str, params: dict[str, Any] | None = None) -> Iterator[bytes]:
         """The body of a GET, chunk by chunk (results of any size)."""

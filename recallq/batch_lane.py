@@ -32,26 +32,20 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime
 
 from sqlalchemy import Connection
 
-from recallq import scoring
+from recallq import metrics, pipeline
 from recallq.batch_requests import (
     FAILED_REQUEST,
     UNANSWERED,
     Answer,
-    AskAgain,
     BatchAPI,
     BatchInfo,
-    Claims,
-    Failed,
     InputFile,
     LineFailure,
     LineResult,
-    Repair,
-    Retry,
-    Verdicts,
     answer_usage,
     carry_verdicts,
     custom_id,
@@ -69,13 +63,14 @@ from recallq.batch_store import (
     LineState,
     NewLine,
 )
-from recallq.engine import cache_key
-from recallq.judge import protocol
-from recallq.judge.base import NO_USAGE, PermanentJudgeError, TransientJudgeError, Usage
+from recallq.claim_cache import ClaimCache
+from recallq.judge.base import NO_USAGE, PermanentJudgeError, Repair, TransientJudgeError, Usage
 from recallq.model_registry import ModelConfig, ModelRegistryError
-from recallq.models import utcnow
+from recallq.models import as_utc, utcnow
 from recallq.outcomes import Stage
+from recallq.pipeline import AskAgain, Claims, Failed, Retry, Scored, Verdicts, Wait
 from recallq.prices import Price, batch_price
+from recallq.redact import Redactor
 from recallq.settings import Settings
 from recallq.store import BatchedItemStore, RunStore
 
@@ -110,9 +105,11 @@ class BatchLane:
         settings: Settings,
         api_for: Callable[[ModelConfig], BatchAPI] | None = None,
         completed: Callable[[str], None] = lambda run_id: None,
+        redact: Redactor | None = None,
     ) -> None:
         """`api_for` builds a model's provider Batch API (default: through litellm);
-        `completed` is told of each run the lane completes."""
+        `completed` is told of each run the lane completes; `redact` takes secrets out of
+        answers before they are stored (see recallq.redact)."""
         self.store = store
         self.items = items
         self.runs = runs
@@ -121,6 +118,7 @@ class BatchLane:
         self.completed = completed
         self.interval = settings.batch_poll_interval
         self._api_for = api_for or _litellm_api(settings.request_timeout)
+        self._redact = redact
         self._apis: dict[str, BatchAPI] = {}
         self._prices: dict[str, Price] = {}
 
@@ -141,6 +139,7 @@ class BatchLane:
             for batch in self.store.batches([BatchState.SUBMITTED]):
                 applied = self.check(batch)
                 if applied is not None:
+                    metrics.batch_applied(batch.model)
                     report.batches_applied += 1
                     report.results_applied += applied
             for run in self.store.running_runs():
@@ -164,9 +163,7 @@ class BatchLane:
                 break
         while unplanned := self.store.unplanned(run.id, CHUNK):
             keys = {
-                u.item_id: cache_key(
-                    u.ground_truth, run.model, protocol.PROMPT_VERSION, project=run.project
-                )
+                u.item_id: ClaimCache.key(u.ground_truth, run.model, project=run.project)
                 for u in unplanned
                 if u.ground_truth is not None and u.claims is None
             }
@@ -174,12 +171,15 @@ class BatchLane:
             new: list[NewLine] = []
             with self.store.transaction() as conn:
                 for u in unplanned:
-                    if u.ground_truth is None:
-                        outcome = scoring.no_ground_truth()
-                        self.items.succeed(conn, u.item_id, outcome, NO_USAGE, Stage.EXTRACTION)
+                    ended = pipeline.start(u.ground_truth)
+                    if ended is not None:
+                        self.items.succeed(
+                            conn, u.item_id, ended.outcome, NO_USAGE, Stage.EXTRACTION
+                        )
                     elif u.claims is not None:
                         new += self._after_claims(conn, run, u.item_id, u.claims, u.contexts)
                     elif (hit := cached.get(keys[u.item_id])) is not None:
+                        assert u.ground_truth is not None  # else start() ended it
                         new += self._claims_known(
                             conn, run, u.item_id, u.ground_truth, u.contexts, hit, NO_USAGE, True
                         )
@@ -201,16 +201,16 @@ class BatchLane:
     ) -> list[NewLine]:
         """Extraction is over (answered, or from the claim cache): no claims ends the item
         with score 0, else its claims are stored and attribution comes next."""
-        if not claims:
-            outcome = scoring.no_claims()
+        found = pipeline.claims_found(claims)
+        if isinstance(found, Scored):
             self.items.succeed(
-                conn, item_id, outcome, usage, Stage.EXTRACTION, cache_hits=int(cache_hit)
+                conn, item_id, found.outcome, usage, Stage.EXTRACTION, cache_hits=int(cache_hit)
             )
             return []
-        key = cache_key(ground_truth, run.model, protocol.PROMPT_VERSION, project=run.project)
-        if not self.items.save_claims(conn, item_id, claims, usage, cache_hit, key):
+        key = ClaimCache.key(ground_truth, run.model, project=run.project)
+        if not self.items.save_claims(conn, item_id, found.claims, usage, cache_hit, key):
             return []
-        return self._after_claims(conn, run, item_id, tuple(claims), contexts)
+        return self._after_claims(conn, run, item_id, tuple(found.claims), contexts)
 
     def _after_claims(
         self,
@@ -221,11 +221,10 @@ class BatchLane:
         contexts: Sequence[str],
     ) -> list[NewLine]:
         """With no context every claim is `no` and no call is made; else attribution."""
-        if not contexts:
-            verdicts = scoring.no_context_verdicts(len(claims))
-            outcome = scoring.no_context(list(claims))
+        ended = pipeline.before_attribution(claims, contexts)
+        if ended is not None:
             self.items.succeed(
-                conn, item_id, outcome, NO_USAGE, Stage.ATTRIBUTION, claims, verdicts
+                conn, item_id, ended.outcome, NO_USAGE, Stage.ATTRIBUTION, claims, ended.verdicts
             )
             return []
         return [NewLine(run.id, item_id, Stage.ATTRIBUTION)]
@@ -285,12 +284,14 @@ class BatchLane:
         except TransientJudgeError as exc:
             log.warning("batch %s: %s; trying again at the next poll", batch.id, exc)
             self.store.waiting(batch.id, str(exc))
-            since = batch.waiting_since or utcnow()
-            deadline = self._deadline(batch.retry_deadline_s)
-            if utcnow() - since >= timedelta(seconds=deadline):
-                self._drop_failing(
-                    batch, f"gave up after the run's retry deadline ({deadline:g} s) passed: {exc}"
-                )
+            decision = pipeline.wait_or_give_up(
+                str(exc),
+                _seconds(batch.waiting_since),
+                utcnow().timestamp(),
+                self._deadline(batch.retry_deadline_s),
+            )
+            if isinstance(decision, Failed):
+                self._drop_failing(batch, decision.error)
         except PermanentJudgeError as exc:
             log.warning("batch %s: %s; its items fail", batch.id, exc)
             self._drop_failing(batch, str(exc))
@@ -424,7 +425,7 @@ class BatchLane:
             usage, state, error = FAILED_REQUEST, LineState.FAILED, result.error
         if not self.store.close_line(conn, request.line_id, batch.id, state, usage, error):
             return []  # applied by an earlier poll that crashed before it finished
-        decision = decide(request, result)
+        decision = decide(request, result, self.settings.answer_limits(), self._redact)
         asked = None if request.asked is None else list(request.asked)
         if isinstance(decision, Claims):
             assert row.ground_truth is not None
@@ -439,10 +440,15 @@ class BatchLane:
                 False,
             )
         if isinstance(decision, Verdicts):
-            claims = list(request.claims)
-            outcome = scoring.score_claims(claims, decision.verdicts, run.scale)
+            done = pipeline.scored(request.claims, decision.verdicts, run.scale)
             self.items.succeed(
-                conn, item_id, outcome, usage, Stage.ATTRIBUTION, claims, decision.verdicts
+                conn,
+                item_id,
+                done.outcome,
+                usage,
+                Stage.ATTRIBUTION,
+                list(request.claims),
+                done.verdicts,
             )
             return []
         if isinstance(decision, AskAgain):
@@ -459,13 +465,17 @@ class BatchLane:
             self.items.fail(conn, item_id, decision.error, usage, request.stage)
             return []
         assert isinstance(decision, Retry)
-        now = utcnow()
-        since = row.waiting_since or now
-        deadline = self._deadline(run.retry_deadline_s)
-        if now - since >= timedelta(seconds=deadline):
-            error = f"gave up after the run's retry deadline ({deadline:g} s) passed: "
-            self.items.fail(conn, item_id, error + decision.error, usage, request.stage)
+        waited = pipeline.wait_or_give_up(
+            decision.error,
+            _seconds(row.waiting_since),
+            utcnow().timestamp(),
+            self._deadline(run.retry_deadline_s),
+        )
+        if isinstance(waited, Failed):
+            self.items.fail(conn, item_id, waited.error, usage, request.stage)
             return []
+        assert isinstance(waited, Wait) and waited.since_s is not None
+        since = datetime.fromtimestamp(waited.since_s, UTC)
         if not self.items.wait(conn, item_id, usage, request.stage, since):
             return []
         return [NewLine(run.id, item_id, request.stage, asked, request.reask, request.carry)]
@@ -518,7 +528,12 @@ class BatchLane:
         return self._prices[model]
 
     def _deadline(self, retry_deadline_s: float | None) -> float:
-        return self.settings.retry_deadline if retry_deadline_s is None else retry_deadline_s
+        return pipeline.retry_deadline_s(retry_deadline_s, self.settings.retry_deadline)
+
+
+def _seconds(moment: datetime | None) -> float | None:
+    """A stored moment in the pipeline's unit of time: unix seconds."""
+    return None if moment is None else as_utc(moment).timestamp()
 
 
 def _unanswered(info: BatchInfo) -> LineFailure:

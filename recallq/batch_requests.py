@@ -7,12 +7,10 @@
 It also names what the lane needs of a provider (BatchAPI, BatchInfo: recallq.judge.batch_api
 implements them through litellm) and what a batch answer used (at recallq.prices' batch price).
 
-`decide` applies the online engine's rules (recallq.engine) to one answer, so a batch-mode run
-scores exactly as an online one: a malformed answer is asked again once with a repair
-instruction, claims left without a verdict are asked again once, verdicts are matched by
-claim_index, transient failures wait and go again, permanent ones fail the item. What an
-online call does twice in a row, the lane does in two batches: the repair request or the
-re-ask is a new request in a later batch.
+`decide` applies the pipeline's rules (recallq.pipeline), the online engine's too, to one
+answer, so a batch-mode run scores exactly as an online one. What an online call does twice in
+a row, the lane does in two batches: the repair request or the re-ask is a new request in a
+later batch.
 """
 
 from __future__ import annotations
@@ -21,10 +19,11 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from recallq import scoring
+from recallq import pipeline, scoring
 from recallq.judge import protocol
-from recallq.judge.base import Usage
+from recallq.judge.base import Repair, Usage
 from recallq.outcomes import Stage
+from recallq.pipeline import AskAgain, Claims, Failed, Retry, Verdicts
 from recallq.prices import Price
 
 ENDPOINT = "/v1/chat/completions"
@@ -226,83 +225,34 @@ def _error_message(holder: Any) -> str | None:
 # --- what an answer means for its item -------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Claims:
-    """Extraction answered: the item's claims."""
-
-    claims: list[str]
-
-
-@dataclass(frozen=True)
-class Verdicts:
-    """Attribution answered: a verdict for every claim (the item can be scored)."""
-
-    verdicts: dict[int, scoring.Verdict]
-
-
-@dataclass(frozen=True)
-class AskAgain:
-    """Claims left without a verdict: asked again once, keeping the verdicts given."""
-
-    missing: list[int]
-    verdicts: dict[int, scoring.Verdict]
-
-
-@dataclass(frozen=True)
-class Repair:
-    """A malformed answer: the request goes again once with a repair instruction."""
-
-    answer: str | None
-    problem: str
-
-
-@dataclass(frozen=True)
-class Failed:
-    """The item fails with this error (and no further request)."""
-
-    error: str
-
-
-@dataclass(frozen=True)
-class Retry:
-    """A transient failure: the same request goes again in a later batch."""
-
-    error: str
-
-
-Decision = Claims | Verdicts | AskAgain | Repair | Failed | Retry
-
-
-def decide(request: Request, result: LineResult | None) -> Decision:
-    """What a request's result means for its item (None: the batch did not answer it)."""
+def decide(
+    request: Request,
+    result: LineResult | None,
+    limits: protocol.AnswerLimits = protocol.DEFAULT_LIMITS,
+    redact: protocol.Redact | None = None,
+) -> Claims | Verdicts | AskAgain | Repair | Failed | Retry:
+    """What a request's result means for its item (None: the batch did not answer it), by
+    the pipeline's rules (recallq.pipeline), as online: within the answer limits, with
+    secrets out of the answer (`redact`)."""
     if result is None:
         result = UNANSWERED
     if isinstance(result, LineFailure):
-        return Retry(result.error) if result.transient else Failed(result.error)
+        return pipeline.line_failed(result.error, result.transient)
     schema = SCHEMA[request.stage]
-    try:
-        data = protocol.parse_answer(schema, result.content, result.finish_reason)
-    except protocol.ProtocolError as problem:
-        if request.is_repair:
-            return Failed(f"{schema}: malformed answer after a repair request: {problem}")
-        return Repair(result.content, str(problem))
+    data = pipeline.read_answer(
+        schema, result.content, result.finish_reason, request.is_repair, limits, redact
+    )
+    if not isinstance(data, dict):
+        return data
     if request.stage == Stage.EXTRACTION:
         return Claims(list(data["claims"]))
-    asked = request.asked_indices()
-    matched, missing_at = scoring.match_verdicts(
-        data.get("verdicts"), len(asked), len(request.contexts)
+    return pipeline.verdicts_found(
+        data.get("verdicts"),
+        request.asked_indices(),
+        len(request.contexts),
+        kept_verdicts(request.carry),
+        request.reask,
     )
-    verdicts = kept_verdicts(request.carry) | {
-        asked[j]: scoring.Verdict(asked[j], v.verdict, v.context_indices, v.reason)
-        for j, v in matched.items()
-    }
-    missing = [asked[j] for j in missing_at]
-    if not missing:
-        return Verdicts(verdicts)
-    if request.reask:
-        names = ", ".join(str(i) for i in missing)
-        return Failed(f"the judge gave no verdict for claim(s) {names}, asked twice")
-    return AskAgain(missing, verdicts)
 
 
 def answer_usage(answer: Answer, price: Price) -> Usage:

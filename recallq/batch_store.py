@@ -34,12 +34,12 @@ from sqlalchemy import Connection, Table, and_, exists, func, insert, select, up
 from sqlalchemy.orm import Session
 
 from recallq.batch_requests import Request
+from recallq.claim_cache import ClaimCache
 from recallq.db import Database
 from recallq.judge.base import Usage
 from recallq.models import (
     BatchLine,
     Claim,
-    ClaimCache,
     Item,
     ProviderBatch,
     Run,
@@ -52,7 +52,7 @@ from recallq.status import ItemStatus, RunStatus
 
 batches, lines = cast(Table, ProviderBatch.__table__), cast(Table, BatchLine.__table__)
 items, runs = cast(Table, Item.__table__), cast(Table, Run.__table__)
-claims, cache = cast(Table, Claim.__table__), cast(Table, ClaimCache.__table__)
+claims = cast(Table, Claim.__table__)
 
 #: pg_try_advisory_lock key of the one poller ("recallq" in ASCII).
 POLLER_LOCK = 0x7265_6361_6C6C_71
@@ -229,16 +229,8 @@ class LaneStore:
 
     def cached_claims(self, keys: list[str]) -> dict[str, list[str]]:
         """What the claim cache holds for these keys (ground truth, model, prompt version)."""
-        found: dict[str, list[str]] = {}
         with self._db.single_statement() as conn:
-            for start in range(0, len(keys), 1000):
-                rows = conn.execute(
-                    select(cache.c.key, cache.c.claims).where(
-                        cache.c.key.in_(keys[start : start + 1000])
-                    )
-                )
-                found.update({key: list(value) for key, value in rows})
-        return found
+            return ClaimCache.read(conn, keys)
 
     @staticmethod
     def add_lines(conn: Connection, new: Sequence[NewLine]) -> None:

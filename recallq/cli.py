@@ -58,7 +58,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
     settings = Settings()
     concurrency = args.concurrency or settings.worker_concurrency
-    celery_app.start(settings).worker_main(
+    address = (args.metrics_host, args.metrics_port) if args.metrics_port else None
+    celery_app.start(settings, address).worker_main(
         [
             "worker",
             "--pool",
@@ -217,6 +218,8 @@ def build_parser() -> argparse.ArgumentParser:
     worker = sub.add_parser("worker", help="run a Celery worker")
     worker.add_argument("--concurrency", type=int, help="LLM calls in flight (threads)")
     worker.add_argument("--loglevel", default="INFO")
+    worker.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    worker.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
     worker.set_defaults(func=cmd_worker)
 
     migrate = sub.add_parser("migrate", help="create or upgrade the database schema")
@@ -315,6 +318,9 @@ def build_parser() -> argparse.ArgumentParser:
     from recallq import security_cli
 
     security_cli.add_commands(sub)  # keys create|list|revoke, delete, estimate
+    from recallq import label_cli
+
+    label_cli.add_commands(sub)  # label, agreement, gate --corrected
     return parser
 
 

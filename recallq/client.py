@@ -46,6 +46,8 @@ class Backend(Protocol):
 
     def cancel(self, run_id: str) -> dict[str, Any]: ...
 
+    def agreement(self, run_id: str) -> dict[str, Any]: ...
+
     def close(self) -> None: ...
 
 
@@ -71,6 +73,9 @@ class ApiBackend:
 
     def cancel(self, run_id: str) -> dict[str, Any]:
         return self.client.post(f"/v1/runs/{run_id}/cancel")
+
+    def agreement(self, run_id: str) -> dict[str, Any]:
+        return self.client.get(f"/v1/runs/{run_id}/agreement")
 
     def close(self) -> None:
         self.client.close()
@@ -147,6 +152,12 @@ class LocalBackend:
         _, runs = stores_for(self.database, self.settings)
         runs.cancel(run_id, PROJECT)
         return self.view(run_id)
+
+    def agreement(self, run_id: str) -> dict[str, Any]:
+        from recallq import labels
+
+        with self.database.session() as session:
+            return labels.agreement_view(session, self._run(session, run_id))
 
     def close(self) -> None:
         self.database.dispose()
@@ -316,7 +327,8 @@ def write_report(
             for key, (_, score) in scores.items()
             if key in base_scores
         ]
-    page = html_report.render(view, items, comparison, pairs)
+    agreement = backend.agreement(run_id)
+    page = html_report.render(view, items, comparison, pairs, agreement=agreement)
     partial = target.with_name(target.name + ".partial")
     partial.write_text(page, encoding="utf-8")
     partial.replace(target)

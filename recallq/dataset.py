@@ -31,6 +31,8 @@ from os import PathLike
 from pathlib import Path
 from typing import IO, Any
 
+from recallq.inputs import at_column, json_problem
+
 CANONICAL_FIELDS = ("id", "input", "output", "ground_truth", "context")
 
 #: Other names tools give the canonical fields (RAGAS, DeepEval, LangChain, plain Q&A sets).
@@ -175,12 +177,7 @@ def normalise(
     label = _item_label(index, record[sources["id"][0]] if "id" in sources else None)
     for canonical, names in sources.items():
         if len(names) > 1:
-            both = "both" if len(names) == 2 else "all"
-            raise DatasetError(
-                f"{label}: fields {_quoted_list(names)} {both} give {canonical!r}; keep one of "
-                f"them, or map the others away ({names[0]}=metadata keeps one as metadata, "
-                f"{names[0]}=- drops it)"
-            )
+            raise DatasetError(f"{label}: {_two_sources_message(canonical, names)}")
     missing = set(CANONICAL_FIELDS) - set(sources)
     for name in extras:
         hint = _typo_target(name, missing)
@@ -242,6 +239,26 @@ def _checked_mapping(mapping: Mapping[str, str]) -> Mapping[str, str]:
                 f"(kept as metadata), or to {DROP} (dropped)"
             )
     return mapping
+
+
+def _two_sources_message(canonical: str, names: list[str]) -> str:
+    both = "both" if len(names) == 2 else "all"
+    problem = f"fields {_quoted_list(names)} {both} give {canonical!r}"
+    if canonical == "context" and "context" in names:
+        # DeepEval's files: `context` is the ideal context and an alias carries the retrieved
+        # passages, which are what context recall scores; dropping the alias would score the
+        # ideal context against itself.
+        retrieved = next(name for name in names if name != "context")
+        return (
+            f"{problem}; in DeepEval's files 'context' is the ideal context: "
+            f"--map context=metadata.ideal_context keeps it as metadata and scores "
+            f"{retrieved!r} (or --map context=- drops it)"
+        )
+    kept = names[0]
+    return (
+        f"{problem}; keep one of them, or map the others away ({kept}=metadata keeps one as "
+        f"metadata, {kept}=- drops it)"
+    )
 
 
 def _item_label(index: int, key: Any) -> str:
@@ -524,9 +541,7 @@ def _jsonl_records(
                     if json_suffix and first_record
                     else ""
                 )
-                raise DatasetError(
-                    f"{where}: invalid JSON: {exc.msg} at column {exc.colno}{hint}"
-                ) from None
+                raise DatasetError(f"{where}: invalid JSON: {json_problem(exc)}{hint}") from None
             if not isinstance(record, dict):
                 raise DatasetError(f"{where}: expected a JSON object, got {_kind(record)}")
             first_record = False
@@ -559,7 +574,7 @@ class _JsonArrayStream:
 
     def error(self, pos: int, what: str) -> DatasetError:
         line, column = self.location(pos)
-        return DatasetError(f"{self.name} line {line}: {what} at column {column}")
+        return DatasetError(f"{self.name} line {line}: {at_column(what, column)}")
 
     def fill(self, at_least: int = _CHUNK_BYTES) -> None:
         """Append at least ``at_least`` more bytes of text to the buffer (or reach the end)."""
@@ -673,7 +688,7 @@ def _csv_list_cell(cell: str, column: str, where: str) -> list[Any] | str:
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             raise DatasetError(
                 f"{where}: column {column!r} starts with '[' but is not a JSON list "
-                f"({exc.msg} at column {exc.colno}); write passages as a JSON list of strings"
+                f"({json_problem(exc)}); write passages as a JSON list of strings"
             ) from None
     if not isinstance(value, list):
         raise DatasetError(f"{where}: column {column!r} must be a JSON list of passages")

@@ -8,6 +8,10 @@
     settle(outcome)      when an item ended, send the items released in its place, or complete
                          the run with its last item
 
+The engine is the pipeline's synchronous driver: every rule (what an answer or an error
+means for the item: score, ask again, repair, wait, fail) is recallq.pipeline's, applied here
+one call after the other. `go_on` routes what a stage returned, for every caller.
+
 Each stage calls the judge and the store, and returns what happened (recallq.outcomes):
 Continue (the next stage goes on), Ended, Skipped(reason) or Deferred(until). State lives in
 the database and only the store writes it. The same engine runs under Celery workers (one
@@ -16,8 +20,6 @@ task per stage) and in local mode (a thread pool); `WorkQueue` is how it sends w
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from collections import defaultdict
@@ -25,18 +27,20 @@ from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
-from recallq import scoring
+from recallq import pipeline, scoring
+from recallq.claim_cache import ClaimCache
 from recallq.coordination.gate import RunCancelled
 from recallq.judge.base import (
     NO_USAGE,
     Judge,
     JudgeError,
+    MalformedAnswer,
     PermanentJudgeError,
-    TryLater,
     Usage,
 )
 from recallq.judge.registry import JudgeRegistry
 from recallq.outcomes import Continue, Deferred, Ended, Skipped, Stage, StageOutcome, Taken
+from recallq.pipeline import Failed, Scored, Verdicts, split_usage
 from recallq.store import ItemStore, RunStore
 
 log = logging.getLogger(__name__)
@@ -66,13 +70,6 @@ class Owners(Protocol):
     def new_token(self) -> str: ...
 
     def holder_alive(self, owner: str) -> bool: ...
-
-
-def cache_key(ground_truth: str, model: str, prompt_version: str, *, project: str) -> str:
-    """The claim cache's key. It includes the project: a hit must never tell one project
-    that another scored the same ground truth (or hand it the claims extracted there)."""
-    payload = json.dumps([project, ground_truth, model, prompt_version], ensure_ascii=False)
-    return hashlib.sha256(payload.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 class Engine:
@@ -114,8 +111,9 @@ class Engine:
         taken = self.items.take(item_id, self.owners.new_token(), self.owners.holder_alive)
         if isinstance(taken, Skipped):
             return taken
-        if taken.ground_truth is None:
-            return self.items.succeed(taken, scoring.no_ground_truth(), NO_USAGE, Stage.EXTRACTION)
+        ended = pipeline.start(taken.ground_truth)
+        if ended is not None:
+            return self.items.succeed(taken, ended.outcome, NO_USAGE, Stage.EXTRACTION)
         return Continue(taken)
 
     def extract(self, taken: Taken) -> StageOutcome:
@@ -149,32 +147,63 @@ class Engine:
             return handed
         taken, contexts = handed
         claims = list(taken.claims or ())
-        if not contexts:
+        ended = pipeline.before_attribution(claims, contexts)
+        if ended is not None:
             return self.items.succeed(
-                taken,
-                scoring.no_context(claims),
-                NO_USAGE,
-                Stage.ATTRIBUTION,
-                scoring.no_context_verdicts(len(claims)),
+                taken, ended.outcome, NO_USAGE, Stage.ATTRIBUTION, ended.verdicts
             )
         try:
             judge = self.judges.get(taken.model)
         except JudgeError as exc:
             return self._settle_error(taken, exc, exc.usage, Stage.ATTRIBUTION)
         usage = NO_USAGE
-        try:
-            verdicts, missing, usage = self._verdicts(judge, taken, claims, contexts, None)
-            if missing:  # asked again once, for the claims left without a verdict
-                again, missing, more = self._verdicts(judge, taken, claims, contexts, missing)
-                verdicts, usage = verdicts | again, usage + more
-        except JudgeError as exc:
-            return self._settle_error(taken, exc, usage + exc.usage, Stage.ATTRIBUTION)
-        if missing:
-            names = ", ".join(str(i) for i in missing)
-            error = f"the judge gave no verdict for claim(s) {names}, asked twice"
-            return self._fail(taken, error, usage, Stage.ATTRIBUTION)
-        outcome = scoring.score_claims(claims, verdicts, taken.scale)
-        return self.items.succeed(taken, outcome, usage, Stage.ATTRIBUTION, verdicts)
+        asked = list(range(len(claims)))
+        kept: dict[int, scoring.Verdict] = {}
+        reask, repair = False, None
+        while True:
+            try:
+                reply = judge.attribute(
+                    [claims[i] for i in asked], contexts, taken.run_id, repair=repair
+                )
+            except MalformedAnswer as exc:
+                usage += exc.usage
+                mended = pipeline.malformed_answer(exc, repaired=repair is not None)
+                if isinstance(mended, Failed):
+                    return self._fail(taken, mended.error, usage, Stage.ATTRIBUTION)
+                repair = mended
+                continue
+            except JudgeError as exc:
+                return self._settle_error(taken, exc, usage + exc.usage, Stage.ATTRIBUTION)
+            usage += reply.usage
+            found = pipeline.verdicts_found(
+                reply.data.get("verdicts"), asked, len(contexts), kept, reask
+            )
+            if isinstance(found, Failed):
+                return self._fail(taken, found.error, usage, Stage.ATTRIBUTION)
+            if isinstance(found, Verdicts):
+                done = pipeline.scored(claims, found.verdicts, taken.scale)
+                return self.items.succeed(
+                    taken, done.outcome, usage, Stage.ATTRIBUTION, done.verdicts
+                )
+            asked, kept, reask, repair = found.missing, found.verdicts, True, None
+
+    def go_on(
+        self,
+        item_id: int,
+        outcome: StageOutcome,
+        later: Callable[[int, datetime], None] | None = None,
+    ) -> None:
+        """What follows a stage, wherever it ran (a Celery task, the local runner, a test):
+        a pass that goes on is sent to attribution; a deferred item is sent again at its time
+        by `later` (without one, the reaper sends it when it is due); an item that ended is
+        settled; a skipped message needs nothing."""
+        if isinstance(outcome, Continue):
+            self.queue.send_attribution(outcome.taken)
+        elif isinstance(outcome, Deferred):
+            if later is not None:
+                later(item_id, outcome.until)
+        else:
+            self.settle(outcome)
 
     def settle(self, outcome: StageOutcome) -> None:
         """After an item ended (its write committed): send the items released in its place,
@@ -209,9 +238,7 @@ class Engine:
         uncached: list[tuple[Taken, str]] = []
         for taken in needed:
             assert taken.ground_truth is not None  # take ended items without one
-            key = cache_key(
-                taken.ground_truth, taken.model, judge.prompt_version, project=taken.project
-            )
+            key = ClaimCache.key(taken.ground_truth, taken.model, project=taken.project)
             cached = self.items.cached_claims(key)
             if cached is None:
                 uncached.append((taken, key))
@@ -230,20 +257,24 @@ class Engine:
     ) -> list[tuple[Taken, StageOutcome]]:
         """One call for the pack. An item the answer leaves out (all of them, when it is
         malformed or the call was refused as a bad request) is extracted on its own: one bad
-        item never fails the others. The call's usage is shared among the pack's items."""
+        item never fails the others. The call's usage is shared among the pack's items by
+        their share of the prompt, all of it extraction's."""
         texts = [taken.ground_truth or "" for taken, _ in pack]
+        weights = [len(text) for text in texts]
         try:
             reply = judge.extract_claims_packed(texts, pack[0][0].run_id)
-        except PermanentJudgeError as exc:
-            shares, found = split_usage(exc.usage, len(pack)), {}
+        except PermanentJudgeError as exc:  # malformed, or refused as a bad request
+            shares = split_usage(exc.usage, len(pack), weights)
+            found = pipeline.packed_claims_found(None)
         except JudgeError as exc:  # wait (incident, rate limit) or stop (cancelled): all alike
-            shares = split_usage(exc.usage, len(pack))
+            shares = split_usage(exc.usage, len(pack), weights)
             return [
                 (t, self._settle_error(t, exc, u, Stage.EXTRACTION))
                 for (t, _), u in zip(pack, shares, strict=True)
             ]
         else:
-            shares, found = split_usage(reply.usage, len(pack)), reply.claims
+            shares = split_usage(reply.usage, len(pack), weights)
+            found = pipeline.packed_claims_found(reply)
         done: list[tuple[Taken, StageOutcome]] = []
         for index, ((taken, key), share) in enumerate(zip(pack, shares, strict=True)):
             claims = found.get(index)
@@ -254,45 +285,36 @@ class Engine:
         return done
 
     def _extract_alone(self, judge: Judge, taken: Taken, key: str, spent: Usage) -> StageOutcome:
-        """One call for one ground truth (after `spent` on its behalf already)."""
+        """One call for one ground truth (after `spent` on its behalf already), and its
+        repair request if the answer is malformed."""
         assert taken.ground_truth is not None
-        try:
-            reply = judge.extract_claims(taken.ground_truth, taken.run_id)
-        except JudgeError as exc:
-            return self._settle_error(taken, exc, spent + exc.usage, Stage.EXTRACTION)
-        return self._claims_found(taken, reply.data["claims"], spent + reply.usage, key, hit=False)
+        usage, repair = spent, None
+        while True:
+            try:
+                reply = judge.extract_claims(taken.ground_truth, taken.run_id, repair=repair)
+            except MalformedAnswer as exc:
+                usage += exc.usage
+                mended = pipeline.malformed_answer(exc, repaired=repair is not None)
+                if isinstance(mended, Failed):
+                    return self._fail(taken, mended.error, usage, Stage.EXTRACTION)
+                repair = mended
+                continue
+            except JudgeError as exc:
+                return self._settle_error(taken, exc, usage + exc.usage, Stage.EXTRACTION)
+            claims = reply.data["claims"]
+            return self._claims_found(taken, claims, usage + reply.usage, key, hit=False)
 
     def _claims_found(
         self, taken: Taken, claims: list[str], usage: Usage, key: str, hit: bool
     ) -> StageOutcome:
         """Store the claims (and cache fresh ones); none ends the item with score 0."""
-        if not claims:
+        found = pipeline.claims_found(claims)
+        if isinstance(found, Scored):
             return self.items.succeed(
-                taken, scoring.no_claims(), usage, Stage.EXTRACTION, cache_hits=int(hit)
+                taken, found.outcome, usage, Stage.EXTRACTION, cache_hits=int(hit)
             )
-        stored = self.items.save_claims(taken, claims, usage, hit, key)
+        stored = self.items.save_claims(taken, found.claims, usage, hit, key)
         return stored if isinstance(stored, Skipped) else Continue(stored)
-
-    def _verdicts(
-        self,
-        judge: Judge,
-        taken: Taken,
-        claims: list[str],
-        contexts: list[str],
-        indices: list[int] | None,
-    ) -> tuple[dict[int, scoring.Verdict], list[int], Usage]:
-        """Verdicts for the claims at `indices` (all when None), keyed by the claims' own
-        indices; the indices left without one; what the call used."""
-        asked = list(range(len(claims))) if indices is None else indices
-        reply = judge.attribute([claims[i] for i in asked], contexts, taken.run_id)
-        matched, missing = scoring.match_verdicts(
-            reply.data.get("verdicts"), len(asked), len(contexts)
-        )
-        verdicts = {
-            asked[j]: scoring.Verdict(asked[j], v.verdict, v.context_indices, v.reason)
-            for j, v in matched.items()
-        }
-        return verdicts, [asked[j] for j in missing], reply.usage
 
     def _settle_error(
         self, taken: Taken, exc: JudgeError, usage: Usage, stage: Stage
@@ -307,41 +329,16 @@ class Engine:
                 log.info("run %s reached its budget: cancelled", taken.run_id)
             # the item is cancelled now: fail() finds it so and only charges what was spent
             return self._fail(taken, str(exc), usage, stage)
-        if not isinstance(exc, TryLater):
-            return self._fail(taken, str(exc), usage, stage)
-        if not exc.counts_towards_deadline:
-            waiting = _datetime(taken.waiting_since)
-            return self.items.defer(taken, exc.delay, usage, stage, waiting)
-        now = time.time()
-        since = taken.waiting_since or now
-        deadline = self.retry_deadline if taken.retry_deadline_s is None else taken.retry_deadline_s
-        if now - since >= deadline:
-            error = f"gave up after the run's retry deadline ({deadline:g} s) passed: {exc}"
-            return self._fail(taken, error, usage, stage)
-        return self.items.defer(taken, exc.delay, usage, stage, _datetime(since))
+        deadline = pipeline.retry_deadline_s(taken.retry_deadline_s, self.retry_deadline)
+        decision = pipeline.after_error(exc, taken.waiting_since, time.time(), deadline)
+        if isinstance(decision, Failed):
+            return self._fail(taken, decision.error, usage, stage)
+        delay = decision.delay_s or 0.0
+        return self.items.defer(taken, delay, usage, stage, _datetime(decision.since_s))
 
     def _fail(self, taken: Taken, error: str, usage: Usage, stage: Stage) -> Ended | Skipped:
         log.info("item %s of run %s failed: %s", taken.item_id, taken.run_id, error)
         return self.items.fail(taken, error, usage, stage)
-
-
-def split_usage(usage: Usage, parts: int) -> list[Usage]:
-    """A shared call's usage as `parts` shares that add up to it exactly: the first share
-    carries the call itself (llm_calls, attempts) and the tokens that do not divide evenly,
-    so a run's totals count every call once."""
-    prompt, prompt_rest = divmod(usage.prompt_tokens, parts)
-    completion, completion_rest = divmod(usage.completion_tokens, parts)
-    cost = usage.cost_usd / parts
-    rest = Usage(0, prompt, completion, cost)
-    first = Usage(
-        usage.llm_calls,
-        prompt + prompt_rest,
-        completion + completion_rest,
-        usage.cost_usd - cost * (parts - 1),
-        usage.call_attempts,
-        usage.failed_calls,
-    )
-    return [first] + [rest] * (parts - 1)
 
 
 def extraction_packs(

@@ -169,10 +169,3 @@ def estimator_for(
     price = online_price(config) if config is not None else None
     pack = pack_size(config, settings_pack)
     return Estimator(model, price, pack_size=pack, pack_tokens=pack_tokens, mode=mode)
-
-
-def prompt_version(model: str) -> str:
-    """The prompt version the claim cache is keyed by for this model's judge."""
-    from recallq.judge.lexical import LexicalJudge
-
-    return LexicalJudge.prompt_version if model == LEXICAL else protocol.PROMPT_VERSION

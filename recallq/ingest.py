@@ -20,16 +20,13 @@ from sqlalchemy.orm import Session
 
 from recallq import context as ctx
 from recallq import dataset, estimate, inputs, queries, scoring
-from recallq.engine import cache_key
+from recallq.claim_cache import ClaimCache
 from recallq.model_registry import LEXICAL, ModelConfig
 from recallq.models import Run, RunMode
 from recallq.settings import DEFAULT_RETRY_DEADLINE, Settings
 from recallq.store import RunStore
 
 MAX_RETRY_DEADLINE = 30 * 86400
-#: Scores run from 0 to the scale; a larger one is no scale anyone means (and 1.7e308 broke
-#: every sum over scores).
-MAX_SCALE = 1_000_000.0
 MAX_BUDGET_USD = 1_000_000.0
 MAX_BUDGET_TOKENS = 10**12
 #: the default depth limit of JSON values in a submission (the API passes its setting)
@@ -110,9 +107,7 @@ def build_spec(
     model = require_known_model(model or default_model, known_models)
     run_mode = _mode(mode, model, batch_models)
     try:
-        scale = scoring.validate_scale(scale)
-        if scale > MAX_SCALE:
-            raise ValueError(f"scale must be at most {MAX_SCALE:g}")
+        scale = scoring.submitted_scale(scale)
         extractor = ctx.validate_extractor(context_extractor)
         deadline = _retry_deadline(retry_deadline_s, default_retry_deadline)
         usd = _budget(budget_usd, "budget_usd", MAX_BUDGET_USD, integral=False)
@@ -322,13 +317,12 @@ def estimate_run(
     estimator = estimate.estimator_for(
         spec.model, models, settings.extraction_pack, settings.extraction_pack_tokens, spec.mode
     )
-    version = estimate.prompt_version(spec.model)
     rows = ItemRows(items, spec, settings.max_items_per_run)
     pending: list[dict[str, Any]] = []
 
     def add(pending: list[dict[str, Any]]) -> None:
         truths = [row["ground_truth"] for row in pending if row["ground_truth"] is not None]
-        keys = {text: cache_key(text, spec.model, version, project=spec.project) for text in truths}
+        keys = {text: ClaimCache.key(text, spec.model, project=spec.project) for text in truths}
         cached = (
             queries.cached_claims(session, list(keys.values())) if spec.model != LEXICAL else {}
         )

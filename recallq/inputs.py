@@ -80,6 +80,17 @@ def check_value(value: Any, max_depth: int, where: str = "body") -> None:
             raise UnsafeInput(f"{where}: numbers must be finite")
 
 
+def at_column(message: str, column: int) -> str:
+    """``message`` placed at a column: "Expecting ',' delimiter at column 34". Some of json's
+    messages end in "at" already ("Unterminated string starting at")."""
+    return f"{message} {'column' if message.endswith(' at') else 'at column'} {column}"
+
+
+def json_problem(exc: json.JSONDecodeError) -> str:
+    """What is wrong with JSON text and where."""
+    return at_column(exc.msg, exc.colno)
+
+
 def loads(data: bytes | str, max_depth: int, where: str = "body") -> Any:
     """Parse JSON text from a client and check it (see the module docstring)."""
     try:
@@ -87,7 +98,7 @@ def loads(data: bytes | str, max_depth: int, where: str = "body") -> Any:
     except UnsafeInput as exc:
         raise UnsafeInput(f"{where}: {exc}") from None
     except json.JSONDecodeError as exc:
-        raise UnsafeInput(f"{where}: invalid JSON: {exc.msg} at column {exc.colno}") from None
+        raise UnsafeInput(f"{where}: invalid JSON: {json_problem(exc)}") from None
     except UnicodeDecodeError as exc:
         raise UnsafeInput(
             f"{where}: invalid JSON: not UTF-8 ({exc.reason} at byte {exc.start})"

@@ -3,7 +3,8 @@ thread pool in this process.
 
 The runner is the engine's work queue and does what a worker's tasks do: items sent to it are
 extracted in groups (one pool task per group), then each item is attributed and settled in a
-pool task of its own.
+pool task of its own. What follows each stage is the engine's routing (Engine.go_on), as in
+the worker; a deferred item is sent again here, by a timer, at its time.
 
 A run of a file is found again by a digest of the file's bytes and the run's fields (its
 idempotency key), so running the same command again resumes it: the items the stopped
@@ -30,7 +31,7 @@ from typing import Any
 from recallq import dataset, display, ingest, queries
 from recallq.engine import Engine
 from recallq.models import Run, as_utc, utcnow
-from recallq.outcomes import Continue, Deferred, StageOutcome, Taken
+from recallq.outcomes import Taken
 from recallq.redact import install_log_redaction
 from recallq.runtime import Runtime
 from recallq.settings import Settings
@@ -125,19 +126,11 @@ class LocalRunner:
     def _extract_group(self, item_ids: list[int]) -> None:
         engine = self._started()
         for item_id, outcome in zip(item_ids, engine.extract_group(item_ids), strict=True):
-            self._go_on(engine, item_id, outcome)
+            engine.go_on(item_id, outcome, self._later)
 
     def _attribute(self, taken: Taken) -> None:
         engine = self._started()
-        self._go_on(engine, taken.item_id, engine.attribute(taken))
-
-    def _go_on(self, engine: Engine, item_id: int, outcome: StageOutcome) -> None:
-        if isinstance(outcome, Continue):
-            self.send_attribution(outcome.taken)
-        elif isinstance(outcome, Deferred):
-            self._later(outcome.until, item_id)
-        else:
-            engine.settle(outcome)
+        engine.go_on(taken.item_id, engine.attribute(taken), self._later)
 
     def _dispatch(self, run_id: str) -> None:
         self._started().dispatch(run_id)
@@ -146,7 +139,7 @@ class LocalRunner:
         assert self._engine is not None, "start() the runner with its engine first"
         return self._engine
 
-    def _later(self, until: datetime, item_id: int) -> None:
+    def _later(self, item_id: int, until: datetime) -> None:
         delay = max(0.0, (as_utc(until) - utcnow()).total_seconds())
         with self._lock:
             if self._stopped:

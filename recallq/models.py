@@ -1,6 +1,7 @@
 """Tables: runs, their items, one row per extracted claim with its verdict, the claim cache,
 the kept views of completed runs, the API keys that say which project a request acts in, and
-the provider batches of batch-mode runs with their request lines."""
+the provider batches of batch-mode runs with their request lines; the human labels of
+claims with the random samples drawn for labelling."""
 
 from __future__ import annotations
 
@@ -277,3 +278,39 @@ class BatchLine(Base):
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+# --- human labels (recallq.labels) ---------------------------------------------------------
+
+
+class ClaimLabel(Base):
+    """A person's verdict on one claim of an item: whether the context supports it. Kept
+    apart from the judge's verdict (claims.verdict), which it never changes."""
+
+    __tablename__ = "claim_labels"
+    __table_args__ = (
+        UniqueConstraint("item_id", "claim_idx", name="uq_claim_labels_item_claim"),
+        Index("ix_claim_labels_run", "run_id", "item_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"))
+    item_id: Mapped[int] = mapped_column(ForeignKey("items.id", ondelete="CASCADE"))
+    claim_idx: Mapped[int] = mapped_column(Integer)
+    verdict: Mapped[str] = mapped_column(String(3))  # yes | no
+    note: Mapped[str | None] = mapped_column(Text)
+    labelled_by: Mapped[str | None] = mapped_column(String(32))  # the key's id (None: auth off)
+    labelled_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class LabelSample(Base):
+    """The random sample of a run's items drawn for labelling (its seed and item ids, in the
+    order drawn): labels on these items are a uniform sample, so they may correct the mean."""
+
+    __tablename__ = "label_samples"
+
+    run_id: Mapped[str] = mapped_column(ForeignKey("runs.id", ondelete="CASCADE"), primary_key=True)
+    seed: Mapped[int] = mapped_column(BigInteger)
+    item_keys: Mapped[list[str]] = mapped_column(JSON)
+    drawn_by: Mapped[str | None] = mapped_column(String(32))
+    drawn_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -7,10 +7,11 @@ import base64
 import binascii
 import json
 import math
+import re
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -31,9 +32,10 @@ from sqlalchemy.orm import Session, aliased, defer
 from recallq import compare as ab
 from recallq import kept
 from recallq.batch_store import run_lane_view
+from recallq.claim_cache import ClaimCache
 from recallq.db import Database
 from recallq.groups import GroupedItem, summarise_groups
-from recallq.models import Claim, ClaimCache, Item, Run
+from recallq.models import Claim, Item, Run
 from recallq.status import ItemStatus, public_item_status, stored_item_statuses
 
 #: Buckets of a run's score histogram (each a fifth of the scale; the last includes the top).
@@ -298,20 +300,30 @@ def list_runs(
     return run_views(session, runs), cursor
 
 
+#: A runs cursor: the last run's created_at in microseconds since the epoch, `u` (UTC) or `n`
+#: (a naive time, SQLite), and its id. Every string of this pattern is one the database can
+#: compare, so the served spec can say exactly which cursors are valid.
+RUN_CURSOR_PATTERN = r"^[0-9]{1,16}[un]\.[A-Za-z0-9-]{1,64}$"
+_EPOCH = datetime(1970, 1, 1)
+_MICROSECOND = timedelta(microseconds=1)
+
+
 def encode_run_cursor(cursor: RunCursor | None) -> str | None:
     if cursor is None:
         return None
-    text = json.dumps([cursor[0].isoformat(), cursor[1]])
-    return base64.urlsafe_b64encode(text.encode()).decode()
+    created, run_id = cursor
+    aware = created.tzinfo is not None
+    micros = (created - (_EPOCH.replace(tzinfo=UTC) if aware else _EPOCH)) // _MICROSECOND
+    return f"{micros}{'u' if aware else 'n'}.{run_id}"
 
 
 def decode_run_cursor(cursor: str) -> RunCursor:
     """Raises ValueError for a cursor this module did not make."""
-    try:
-        created, run_id = json.loads(base64.urlsafe_b64decode(cursor.encode() + b"=="))
-        return datetime.fromisoformat(created), str(run_id)
-    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
-        raise ValueError("not a runs cursor") from exc
+    if re.fullmatch(RUN_CURSOR_PATTERN, cursor) is None:
+        raise ValueError("not a runs cursor")
+    time, run_id = cursor.split(".", 1)
+    epoch = _EPOCH.replace(tzinfo=UTC) if time[-1] == "u" else _EPOCH
+    return epoch + int(time[:-1]) * _MICROSECOND, run_id
 
 
 # --- items -----------------------------------------------------------------------------------
@@ -406,6 +418,7 @@ TABLE_TEXT = 160
 #: Items a text filter looks through for one page of the items table, at most.
 TEXT_SCAN = 20_000
 ItemsCursor = tuple[float | None, int]  # (score when sorted by score, idx)
+MAX_INDEX = 2**31 - 1  # items.idx is an INTEGER
 
 
 @dataclass(frozen=True)
@@ -541,16 +554,21 @@ def encode_items_cursor(cursor: ItemsCursor | None) -> str | None:
     return base64.urlsafe_b64encode(json.dumps(list(cursor)).encode()).decode()
 
 
-def decode_items_cursor(cursor: str) -> ItemsCursor:
-    """Raises ValueError for a cursor this module did not make."""
+def decode_items_cursor(cursor: str, by_score: bool = False) -> ItemsCursor:
+    """Raises ValueError for a cursor this module did not make: a page sorted by score
+    continues after a score (only scored items are on it), and an index is an INTEGER."""
     try:
         score, idx = json.loads(base64.urlsafe_b64decode(cursor.encode() + b"=="))
-    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError) as exc:
+        if isinstance(score, int | float) and not isinstance(score, bool):
+            score = float(score)
+    except (binascii.Error, ValueError, TypeError, UnicodeDecodeError, OverflowError) as exc:
         raise ValueError("not an items cursor") from exc
-    valid_score = score is None or (
-        isinstance(score, int | float) and not isinstance(score, bool) and math.isfinite(score)
+    valid_score = (score is None and not by_score) or (
+        isinstance(score, float) and math.isfinite(score)
     )
-    if not valid_score or isinstance(idx, bool) or not isinstance(idx, int) or idx < 0:
+    if not valid_score or isinstance(idx, bool) or not isinstance(idx, int):
+        raise ValueError("not an items cursor")
+    if not 0 <= idx <= MAX_INDEX:
         raise ValueError("not an items cursor")
     return score, idx
 
@@ -882,9 +900,4 @@ def run_spent(database: Database, run_id: str) -> tuple[float, int]:
 
 def cached_claims(session: Session, keys: list[str]) -> dict[str, list[str]]:
     """The claim cache's claims for those of these keys it holds."""
-    if not keys:
-        return {}
-    rows = session.execute(
-        select(ClaimCache.key, ClaimCache.claims).where(ClaimCache.key.in_(keys))
-    )
-    return {key: list(claims) for key, claims in rows}
+    return ClaimCache.read(session, keys)

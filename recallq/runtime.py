@@ -179,6 +179,7 @@ class Runtime:
             settings.extraction_pack,
             self.judges_given,
             self.redactor,
+            settings.answer_limits(),
         )
 
     @cached_property
@@ -272,6 +273,7 @@ class Runtime:
             self.models,
             self.settings,
             completed=self.keep_views,
+            redact=self.redactor,
         )
 
     def retention(self) -> Retention:

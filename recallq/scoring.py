@@ -37,7 +37,15 @@ def ground_truth_text(value: Any) -> str | None:
     return text if text.strip() else None
 
 
+#: A run's scale, as submitted: scores are reported to 2 decimals, so a smaller scale rounds
+#: every score to 0 (5e-324 was accepted once); a larger one is no scale anyone means (and
+#: 1.7e308 broke every sum over scores).
+MIN_SCALE = 0.01
+MAX_SCALE = 1_000_000.0
+
+
 def validate_scale(scale: Any) -> float:
+    """A finite scale above 0 (what scoring needs: stored runs are read with this)."""
     if isinstance(scale, bool) or not isinstance(scale, int | float):
         raise ValueError("scale must be a number")
     try:
@@ -46,6 +54,14 @@ def validate_scale(scale: Any) -> float:
         raise ValueError("scale is too large") from exc
     if not math.isfinite(value) or value <= 0:
         raise ValueError("scale must be a finite number greater than 0")
+    return value
+
+
+def submitted_scale(scale: Any) -> float:
+    """The scale of a new run: from MIN_SCALE to MAX_SCALE."""
+    value = validate_scale(scale)
+    if not MIN_SCALE <= value <= MAX_SCALE:
+        raise ValueError(f"scale must be from {MIN_SCALE:g} to {MAX_SCALE:g}")
     return value
 
 

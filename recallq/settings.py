@@ -9,7 +9,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from pydantic import PositiveInt
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from recallq.judge.protocol import AnswerLimits
 
 DEFAULT_LOCAL_DATABASE_URL = "sqlite:///recallq.db"
 DEFAULT_RETRY_DEADLINE = 6 * 3600.0
@@ -29,6 +32,11 @@ class Settings(BaseSettings):
     max_attempts: int = 5  # judge calls per stage, transient failures included
     extraction_pack: int = 8  # ground truths per extraction call (a model may set fewer)
     extraction_pack_tokens: int = 4000  # and about this many tokens of them at most
+    # judge answers are untrusted: beyond these an item fails, saying which (judge.protocol)
+    judge_max_answer_bytes: PositiveInt = 1024 * 1024  # one answer, checked before it is parsed
+    judge_max_claims: PositiveInt = 500  # claims of one item
+    judge_max_claim_chars: PositiveInt = 2000  # one claim
+    judge_max_reason_chars: PositiveInt = 2000  # one verdict's reason
     retry_base_delay: float = 0.5
     retry_max_delay: float = 30.0
     request_timeout: float = 120.0
@@ -69,6 +77,8 @@ class Settings(BaseSettings):
     body_min_rate: float = 16 * 1024  # bytes/s a body must keep up after the grace period
     body_grace: float = 10.0
     insert_batch_size: int = 1000
+    max_result_streams_per_key: int = 8  # /results streams open at once per key (429 beyond)
+    results_stall_timeout: float = 120.0  # a /results reader taking nothing this long is cut
 
     # security: keys and projects, limits per client, retention
     auth: Literal["required", "off"] = "required"
@@ -82,8 +92,23 @@ class Settings(BaseSettings):
     # long random string, the same for every API process) so that a copy of the keys table
     # is not enough to forge a browser session
     session_secret: str | None = None
+    # with auth off, Host names answered beside localhost and the address the API listens on
+    # (comma-separated: the names this API is reached by); any other is a 421 (DNS rebinding)
+    allowed_hosts: str = ""
+    # who may read the API's GET /metrics: a client sending `Authorization: Bearer` this
+    # token; unset, only clients on this host (loopback). Never an API key (docs/operations.md)
+    metrics_token: str | None = None
 
     # contexts: what one item may be judged against
     max_context_bytes: int = 1024 * 1024  # resolved passages of one item (or the run's static)
     max_context_passages: int = 1000
     jmespath_timeout: float = 0.5  # one item's context_extractor evaluation
+
+    def answer_limits(self) -> AnswerLimits:
+        """What a judge's answer may hold (the RECALLQ_JUDGE_MAX_* settings)."""
+        return AnswerLimits(
+            self.judge_max_answer_bytes,
+            self.judge_max_claims,
+            self.judge_max_claim_chars,
+            self.judge_max_reason_chars,
+        )

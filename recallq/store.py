@@ -70,19 +70,20 @@ from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
+from recallq import metrics
+from recallq.claim_cache import ClaimCache
 from recallq.db import Database
 from recallq.judge.base import Usage
-from recallq.models import Claim, ClaimCache, Item, Run, RunMode, as_utc, utcnow
+from recallq.models import Claim, Item, Run, RunMode, as_utc, utcnow
 from recallq.outcomes import Deferred, Ended, Skipped, SkipReason, Stage, Taken
 from recallq.scoring import Outcome, Verdict
 from recallq.settings import Settings
 from recallq.status import ITEM_ENDED, ITEM_IN_FLIGHT, RUN_ENDED, ItemStatus, RunStatus
 
-items, runs, claims_table, cache = (
+items, runs, claims_table = (
     cast(Table, Item.__table__),
     cast(Table, Run.__table__),
     cast(Table, Claim.__table__),
-    cast(Table, ClaimCache.__table__),
 )
 
 TAKE_READ = (
@@ -104,7 +105,6 @@ TAKE_READ = (
     .join_from(items, runs, runs.c.id == items.c.run_id)
     .where(items.c.id == bindparam("item_id"))
 )
-CACHED_CLAIMS = select(cache.c.claims).where(cache.c.key == bindparam("key"))
 STORED_CLAIMS = (
     select(claims_table.c.text)
     .where(claims_table.c.item_id == bindparam("item_id"))
@@ -207,7 +207,10 @@ def _update_item(
         params["b_owner"] = owner
     if status is not None:
         params["b_status"] = status
-    return conn.execute(statement, params).rowcount
+    written: int = conn.execute(statement, params).rowcount
+    if written and "status" in values:
+        metrics.items_moved(values["status"], written)
+    return written
 
 
 def _update_items_in_id_order(
@@ -237,7 +240,10 @@ def _update_items_in_id_order(
         .values(**values)
         .returning(items.c.id)
     )
-    return list(conn.execute(statement).scalars())
+    moved = list(conn.execute(statement).scalars())
+    if moved and "status" in values:
+        metrics.items_moved(values["status"], len(moved))
+    return moved
 
 
 def _insert(dialect: str, table: Table) -> postgresql.Insert | sqlite.Insert:
@@ -248,11 +254,6 @@ def _insert(dialect: str, table: Table) -> postgresql.Insert | sqlite.Insert:
 @lru_cache
 def _claims_insert(dialect: str) -> Insert:
     return _insert(dialect, claims_table).on_conflict_do_nothing().returning(claims_table.c.idx)
-
-
-@lru_cache
-def _cache_insert(dialect: str) -> Insert:
-    return _insert(dialect, cache).on_conflict_do_nothing()
 
 
 @lru_cache
@@ -271,7 +272,9 @@ def _verdicts_upsert(dialect: str) -> Insert:
 
 def _spent(usage: Usage, stage: Stage, cache_hits: int = 0) -> dict[str, Any]:
     """Increments of an item's usage counters (see COUNTERS). Extraction's usage is also
-    counted apart, so a run's usage can be split by stage (attribution's is the rest)."""
+    counted apart, so a run's usage can be split by stage (attribution's is the rest). Every
+    extraction share counts there, also those of a packed call that carry tokens but not the
+    call itself: else their tokens would read as attribution's."""
     spent = {
         "llm_calls": usage.llm_calls,
         "prompt_tokens": usage.prompt_tokens,
@@ -281,7 +284,7 @@ def _spent(usage: Usage, stage: Stage, cache_hits: int = 0) -> dict[str, Any]:
         "call_attempts": usage.call_attempts,
         "failed_calls": usage.failed_calls,
     }
-    if stage == Stage.EXTRACTION and usage.llm_calls:
+    if stage == Stage.EXTRACTION:
         spent |= {
             "extraction_calls": usage.llm_calls,
             "extraction_prompt_tokens": usage.prompt_tokens,
@@ -431,8 +434,7 @@ class ItemStore:
     def cached_claims(self, key: str) -> list[str] | None:
         """Claims the claim cache holds for this key (ground truth, model, prompt version)."""
         with self._db.single_statement() as conn:
-            found = conn.execute(CACHED_CLAIMS, {"key": key}).scalar()
-        return None if found is None else list(found)
+            return ClaimCache.read(conn, [key]).get(key)
 
     # --- while running ----------------------------------------------------------------------
 
@@ -457,9 +459,7 @@ class ItemStore:
             if not self._write_owned(conn, taken, values):
                 return Skipped(SkipReason.NOT_OWNED)
             if not cache_hit:
-                conn.execute(
-                    _cache_insert(conn.dialect.name), [{"key": cache_key, "claims": claims}]
-                )
+                ClaimCache.write(conn, cache_key, claims)
             rows = [{"item_id": taken.item_id, "idx": i, "text": t} for i, t in enumerate(claims)]
             inserted = conn.execute(_claims_insert(conn.dialect.name), rows).all()
             stored = tuple(claims)
@@ -603,7 +603,9 @@ class ItemStore:
         if free < self.release_group:
             return ()
         params = {"b_run": run_id, "b_lease": self.queue_lease(), "b_limit": free}
-        return tuple(conn.execute(RELEASE_NEXT, params).scalars())
+        released = tuple(conn.execute(RELEASE_NEXT, params).scalars())
+        metrics.items_moved(ItemStatus.QUEUED, len(released))
+        return released
 
     @staticmethod
     def _stored_claims(conn: Connection, item_id: int) -> tuple[str, ...]:
@@ -659,7 +661,7 @@ class BatchedItemStore:
         if not self._write(conn, item_id, values):
             return False
         if not cache_hit:
-            conn.execute(_cache_insert(conn.dialect.name), [{"key": cache_key, "claims": claims}])
+            ClaimCache.write(conn, cache_key, claims)
         rows = [{"item_id": item_id, "idx": i, "text": text} for i, text in enumerate(claims)]
         if rows:
             conn.execute(_claims_insert(conn.dialect.name), rows)

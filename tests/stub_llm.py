@@ -17,7 +17,9 @@ Endpoints:
 * ``POST /v1/batches``, ``GET /v1/batches[?limit=&after=]``, ``GET /v1/batches/{id}``,
   ``POST /v1/batches/{id}/cancel``: the Batch API for ``/v1/chat/completions``.
 * ``GET|POST /_stub/config``: read / change fault-injection settings at runtime.
-* ``GET /_stub/calls[?offset=&limit=]``: recorded requests; ``GET /_stub/stats``: counters.
+* ``GET /_stub/calls[?offset=&limit=]``: recorded requests; ``GET /_stub/stats``: counters,
+  with ``usage_by_schema``: calls and prompt/completion tokens of the answered live calls of
+  each schema (what a run's usage by stage must add up to).
 * ``GET /_stub/batches``: every batch object plus its ``custom_ids`` and ``key_suffix``, in
   creation order, so tests can check that nothing was submitted twice.
 * ``POST /_stub/reset``: clear records, counters, per-key state, the rpm window, files and
@@ -39,6 +41,10 @@ Content markers (in a ground truth, claim or context text):
   markers above do not apply to a packed answer (its items are plain claim lists), so the
   same text can fail a single call and still be packed, or the other way round.
 * any call: ``STUB_HTTP_400`` -> 400 for the whole request.
+* hostile answers: ``STUB_HUGE_CLAIMS`` in a ground truth adds 20,000 filler claims (about
+  4.3 MB) to its extraction, single or packed; ``STUB_HUGE_REASON`` in a claim or context
+  gives every verdict a 100,000-character reason. ``STUB_INJECT`` in a packed ground truth is
+  an instruction the stub obeys only with ``follow_injections`` set (below).
 
 Request handling order for chat completions: parse; an outage answers with its status; a key
 in ``reject_keys`` gets 401; validation (malformed input, ``stream=true``, ``STUB_HTTP_400``
@@ -67,6 +73,19 @@ Config keys (``/_stub/config``, ``StubServer(**config)``; CLI flags for the firs
   ``completed`` once that many seconds have passed since its creation.
 * ``batch_line_fail_rate`` (0..1): seeded chance that a line fails with a 500 in the error
   file instead of being answered.
+* ``follow_injections`` (null, ``"prepend"`` or ``"replace"``): a judge that follows an
+  instruction in a packed ground truth holding ``STUB_INJECT``: every *other* index of the
+  pack is answered with that ground truth's first claim, either in extra entries before the
+  honest ones (``prepend``: those indices are answered twice) or instead of them
+  (``replace``).
+* ``echo_authorization`` (bool): every answer carries the request's ``Authorization``
+  header: each claim list (single or packed) gets the claims ``"Authorization: <header>"``
+  and ``"The request key is <key>"``, and each verdict's reason ends with the key.
+* ``flip_rate`` (0..1), ``flip_seed`` (int), ``flip_per_call`` (bool): a judge that errs. Each
+  attribution verdict of the rule below is flipped with probability ``flip_rate``: decided by
+  a hash of the claim's text and ``flip_seed`` (the same claim flips in every call and every
+  run), or with ``flip_per_call`` drawn afresh in each call from the seeded RNG. The rule
+  (``attribute``) is then the "human" truth and the flip rate the judge's known error.
 * ``batch_max_requests`` (default 50,000), ``batch_max_bytes`` (default 200 MB): larger input
   files are refused (400) when a batch is created from them, as are duplicate custom_ids,
   lines that are not ``{"custom_id", "method": "POST", "url": <endpoint>, "body"}`` and
@@ -127,6 +146,13 @@ MARK_DROP_VERDICT = "STUB_DROP_VERDICT"
 MARK_ALWAYS_DROP = "STUB_ALWAYS_DROP"
 MARK_PACK_DROP = "STUB_PACK_DROP"
 MARK_PACK_BROKEN = "STUB_PACK_BROKEN"
+# hostile judges (judge answers are untrusted input)
+MARK_INJECT = "STUB_INJECT"
+MARK_HUGE_CLAIMS = "STUB_HUGE_CLAIMS"
+MARK_HUGE_REASON = "STUB_HUGE_REASON"
+HUGE_CLAIMS = 20_000  # about 4.3 MB of claims, as the judge of issue 19 answered
+HUGE_REASON_CHARS = 100_000
+INJECT_STYLES = ("prepend", "replace")
 
 RPM_WINDOW_S = 60.0
 READY_PREFIX = "STUB_READY "
@@ -167,6 +193,11 @@ class StubConfig:
     batch_line_fail_rate: float = 0.0
     batch_max_requests: int = 50_000
     batch_max_bytes: int = 200 * 1024 * 1024
+    follow_injections: str | None = None  # None, "prepend" or "replace" (module docstring)
+    echo_authorization: bool = False
+    flip_rate: float = 0.0
+    flip_per_call: bool = False
+    flip_seed: int = 0
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply ``changes`` after validating every key and value (all or nothing)."""
@@ -187,7 +218,7 @@ def _coerce(key: str, value: Any) -> Any:
         if not number >= 0:  # also refuses NaN
             raise ValueError(f"{key} must be >= 0")
         return number
-    if key in ("rate_429", "rate_500", "batch_line_fail_rate"):
+    if key in ("rate_429", "rate_500", "batch_line_fail_rate", "flip_rate"):
         rate = float(value)
         if not 0.0 <= rate <= 1.0:
             raise ValueError(f"{key} must be within 0..1")
@@ -215,10 +246,16 @@ def _coerce(key: str, value: Any) -> Any:
         return None if value is None or int(value) <= 0 else int(value)
     if key == "seed":
         return None if value is None else int(value)
-    if key == "record_messages":
+    if key in ("record_messages", "echo_authorization", "flip_per_call"):
         if not isinstance(value, bool):
-            raise ValueError("record_messages must be a boolean")
+            raise ValueError(f"{key} must be a boolean")
         return value
+    if key == "follow_injections":
+        if value is not None and value not in INJECT_STYLES:
+            raise ValueError(f"follow_injections must be null or one of {INJECT_STYLES}")
+        return value
+    if key == "flip_seed":
+        return int(value)
     raise ValueError(f"unknown config key: {key}")
 
 
@@ -335,6 +372,23 @@ def attribute(claims: list[tuple[int, str]], contexts: list[tuple[int, str]]) ->
     return verdicts
 
 
+def flips_claim(text: str, rate: float, seed: int) -> bool:
+    """Whether the deterministic flip mode flips the verdict on a claim of this text: the
+    same answer for the same text, seed and rate in every call and every process."""
+    if rate <= 0:
+        return False
+    digest = hashlib.sha256(f"{seed}\x00{text}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < rate
+
+
+def flipped(verdict: dict[str, Any], contexts: list[tuple[int, str]]) -> dict[str, Any]:
+    """The opposite verdict: a flipped "yes" cites the first context."""
+    if verdict["verdict"] == "yes":
+        return {**verdict, "verdict": "no", "context_indices": [], "reason": "stub: flipped"}
+    cited = [contexts[0][0]] if contexts else []
+    return {**verdict, "verdict": "yes", "context_indices": cited, "reason": "stub: flipped"}
+
+
 def packed_items(ground_truths: list[tuple[int, str]]) -> tuple[list[dict[str, Any]], int]:
     """The packed answer's items (request order) and how many STUB_PACK_DROP left out.
 
@@ -342,11 +396,20 @@ def packed_items(ground_truths: list[tuple[int, str]]) -> tuple[list[dict[str, A
     client may mix packed and single answers for the same ground truths.
     """
     items = [
-        {"index": index, "claims": split_claims(text)}
+        {"index": index, "claims": extraction_claims(text)}
         for index, text in ground_truths
         if MARK_PACK_DROP not in text
     ]
     return items, len(ground_truths) - len(items)
+
+
+def extraction_claims(ground_truth: str) -> list[str]:
+    """The honest claims of a ground truth, plus 20,000 filler claims for STUB_HUGE_CLAIMS."""
+    claims = split_claims(ground_truth)
+    if MARK_HUGE_CLAIMS in ground_truth:
+        filler = "This filler claim was answered by a judge that never stops talking " * 3
+        claims += [f"{filler}(number {n})" for n in range(HUGE_CLAIMS)]
+    return claims
 
 
 def ground_truth_text(data: dict[str, Any]) -> str:
@@ -718,6 +781,10 @@ class StubState:
         self.by_status: collections.Counter[str] = collections.Counter()
         self.by_schema: collections.Counter[str] = collections.Counter()
         self.by_fault: collections.Counter[str] = collections.Counter()
+        # what the answered live calls used, per schema: {schema: {calls, prompt_tokens, ...}}
+        self.usage_by_schema: dict[str, collections.Counter[str]] = collections.defaultdict(
+            collections.Counter
+        )
         self.window: collections.deque[float] = collections.deque()
         self.dropped_once: set[str] = set()
         self.in_flight = 0
@@ -742,6 +809,7 @@ class StubState:
         self.by_status.clear()
         self.by_schema.clear()
         self.by_fault.clear()
+        self.usage_by_schema.clear()
         self.window.clear()
         self.dropped_once.clear()
         self.max_in_flight = self.in_flight
@@ -787,10 +855,10 @@ class StubState:
 
     # -- judging ------------------------------------------------------------------------
 
-    def answer(self, schema: str, data: dict[str, Any]) -> Answer:
+    def answer(self, schema: str, data: dict[str, Any], authorization: str | None = None) -> Answer:
         marked = marker_text(schema, data)
         if schema == EXTRACTION_PACKED:
-            return self._packed_answer(data, marked)
+            return self._hostile(self._packed_answer(data, marked), authorization)
         if MARK_BROKEN_JSON in marked:
             opening = '{"claims": [' if schema == EXTRACTION else '{"verdicts": ['
             return Answer(opening, fault=MARK_BROKEN_JSON)
@@ -800,22 +868,78 @@ class StubState:
         content = json.dumps(payload)
         if MARK_TRUNCATE in marked:
             return Answer(content[: max(1, len(content) // 2)], "length", MARK_TRUNCATE)
-        return Answer(content, fault=fault)
+        return self._hostile(Answer(content, fault=fault), authorization)
+
+    def _hostile(self, answer: Answer, authorization: str | None) -> Answer:
+        """The answer with the request's Authorization header echoed into it, when so set."""
+        if not self.config.echo_authorization or authorization is None:
+            return answer
+        try:
+            payload = json.loads(answer.content)
+        except ValueError:
+            return answer
+        key = bearer_key(authorization) or authorization
+        echoed = [f"Authorization: {authorization}", f"The request key is {key}"]
+        if isinstance(payload.get("claims"), list):
+            payload["claims"] += echoed
+        for entry in payload.get("items") or []:
+            entry["claims"] += echoed
+        for verdict in payload.get("verdicts") or []:
+            verdict["reason"] += f" (sent with key {key})"
+        return Answer(json.dumps(payload), answer.finish_reason, "echoed_authorization")
 
     def _packed_answer(self, data: dict[str, Any], marked: str) -> Answer:
         if MARK_PACK_BROKEN in marked:
             return Answer('{"items": [', fault=MARK_PACK_BROKEN)
-        items, dropped = packed_items(indexed_texts(data["ground_truths"], "ground_truths"))
+        ground_truths = indexed_texts(data["ground_truths"], "ground_truths")
+        items, dropped = packed_items(ground_truths)
+        style = self.config.follow_injections
+        injector = next((text for _, text in ground_truths if MARK_INJECT in text), None)
+        if style is not None and injector is not None:
+            injected = split_claims(injector)[:1]
+            forged = [
+                {"index": index, "claims": injected}
+                for index, text in ground_truths
+                if text is not injector
+            ]
+            if style == "prepend":
+                items = forged + items
+            else:
+                by_index = {entry["index"]: entry for entry in forged}
+                items = [by_index.get(entry["index"], entry) for entry in items]
+            return Answer(json.dumps({"items": items}), fault="followed_injection")
         return Answer(json.dumps({"items": items}), fault="pack_dropped" if dropped else None)
 
     def _payload(self, schema: str, data: dict[str, Any], marked: str) -> tuple[dict, str | None]:
         if schema == EXTRACTION:
-            return {"claims": split_claims(ground_truth_text(data))}, None
+            return {"claims": extraction_claims(ground_truth_text(data))}, None
         claims = indexed_texts(data["claims"], "claims")
-        verdicts = attribute(claims, indexed_texts(data["contexts"], "contexts"))
+        contexts = indexed_texts(data["contexts"], "contexts")
+        verdicts = self._flip(claims, contexts, attribute(claims, contexts))
+        if MARK_HUGE_REASON in marked:
+            for verdict in verdicts:
+                verdict["reason"] = "because " * (HUGE_REASON_CHARS // 8)
         if verdicts and self._drop_last(data, claims, marked):
             return {"verdicts": verdicts[:-1]}, "dropped_verdict"
         return {"verdicts": verdicts}, None
+
+    def _flip(
+        self, claims: list[tuple[int, str]], contexts: list[tuple[int, str]], verdicts: list[dict]
+    ) -> list[dict]:
+        """The judge-error mode: each verdict flipped with probability flip_rate, decided by
+        the claim's text (flip_seed) or, with flip_per_call, drawn afresh in every call."""
+        rate = self.config.flip_rate
+        if rate <= 0:
+            return verdicts
+        texts = dict(claims)
+        out = []
+        for verdict in verdicts:
+            if self.config.flip_per_call:
+                flip = self.rng.random() < rate
+            else:
+                flip = flips_claim(texts[verdict["claim_index"]], rate, self.config.flip_seed)
+            out.append(flipped(verdict, contexts) if flip else verdict)
+        return out
 
     def _drop_last(self, data: dict[str, Any], claims: list[tuple[int, str]], marked: str) -> bool:
         """STUB_ALWAYS_DROP always drops; STUB_DROP_VERDICT drops once per claim set.
@@ -834,10 +958,14 @@ class StubState:
         return True
 
     def complete(
-        self, body: dict[str, Any], schema: str, data: dict[str, Any]
+        self,
+        body: dict[str, Any],
+        schema: str,
+        data: dict[str, Any],
+        authorization: str | None = None,
     ) -> tuple[Answer, dict[str, Any]]:
         """The judge answer and the chat.completion object carrying it (live and batch)."""
-        answer = self.answer(schema, data)
+        answer = self.answer(schema, data, authorization)
         prompt_chars = sum(len(message_text(m)) for m in body.get("messages") or [])
         request_id = f"chatcmpl-stub-{next(self.ids)}"
         return answer, completion_body(request_id, str(body.get("model", "")), answer, prompt_chars)
@@ -988,6 +1116,13 @@ class StubState:
         if entry.get("fault"):
             self.by_fault[entry["fault"]] += 1
 
+    def count_usage(self, schema: str, usage: dict[str, int]) -> None:
+        """What one answered live call used, under its schema."""
+        counted = self.usage_by_schema[schema]
+        counted["calls"] += 1
+        counted["prompt_tokens"] += usage["prompt_tokens"]
+        counted["completion_tokens"] += usage["completion_tokens"]
+
     def stats(self) -> dict[str, Any]:
         for job in self.batches.values():
             self.advance(job)
@@ -1008,6 +1143,7 @@ class StubState:
             "by_status": dict(self.by_status),
             "by_schema": dict(self.by_schema),
             "by_fault": dict(self.by_fault),
+            "usage_by_schema": {k: dict(v) for k, v in self.usage_by_schema.items()},
             "in_flight": self.in_flight,
             "max_in_flight": self.max_in_flight,
             "outage": self.in_outage(),
@@ -1098,9 +1234,10 @@ def create_app(config: StubConfig | None = None) -> Any:
                 500, error_body(SERVER_ERROR_MESSAGE, "server_error", None), "injected_500"
             )
         assert schema is not None and data is not None
-        answer, payload = state.complete(body, schema, data)
+        answer, payload = state.complete(body, schema, data, request.headers.get("authorization"))
         entry.update(status=200, fault=answer.fault)
         state.record(entry)
+        state.count_usage(schema, payload["usage"])
         return json_response(payload, headers={"x-request-id": payload["id"], **rate_headers()})
 
     def fill_entry(entry: dict, body: dict, data: dict | None, schema: str | None) -> None:

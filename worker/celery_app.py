@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from celery import Celery
 
-from recallq import broker, patches
+from recallq import broker, metrics, patches
 from recallq.coordination.liveness import HeldItems
 from recallq.reaper import HandBack
 from recallq.redact import install_log_redaction
@@ -44,8 +44,9 @@ class WorkerState:
 _state: WorkerState | None = None
 
 
-def start(settings: Settings) -> Celery:
-    """Configure the app and build this worker's state; returns the app to run."""
+def start(settings: Settings, metrics_address: tuple[str, int] | None = None) -> Celery:
+    """Configure the app and build this worker's state; returns the app to run. With
+    `metrics_address` (host, port), this process's metrics are served there."""
     global _state
     patches.prepare_kombu()
     patches.prepare_litellm()  # before the first task: litellm loads in ~6 s of CPU
@@ -54,7 +55,14 @@ def start(settings: Settings) -> Celery:
     queue = broker.CeleryQueue(app, settings.extraction_pack)
     _state = WorkerState.build(Runtime.distributed(settings, queue, pre_ping=False))
     # provider errors are redacted before they are stored; this covers every log line too
-    install_log_redaction(_state.runtime.redactor)
+    runtime = _state.runtime
+    install_log_redaction(runtime.redactor)
+    if metrics_address is not None:
+        models = runtime.models.keys
+        metrics.use_state_collectors(
+            metrics.HeartbeatCollector(), metrics.BreakerCollector(runtime.breaker, models)
+        )
+        metrics.serve(*metrics_address)
     return app
 
 

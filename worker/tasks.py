@@ -3,6 +3,9 @@
     extract_group(item_ids=[...])  ──► for each item whose claims were found:
                                        attribute(message=, item_id=)
 
+What follows each stage is the engine's routing (Engine.go_on), as in the local runner; a
+deferred item is the reaper's to send again when it is due.
+
 A database or Redis outage inside a task puts its message back in the queue (Reject with
 requeue) instead of failing it, so nothing is lost while a service restarts.
 """
@@ -23,7 +26,7 @@ from celery.exceptions import Reject
 
 from recallq import broker
 from recallq.broker import items_named
-from recallq.outcomes import Continue, Taken
+from recallq.outcomes import Taken
 from worker.celery_app import app, runtime, state
 
 log = logging.getLogger(__name__)
@@ -78,12 +81,9 @@ def dispatch(run_id: str) -> int:
 @app.task(name=broker.EXTRACT_GROUP)
 @requeue_on_outage
 def extract_group(item_ids: list[int]) -> None:
-    current = runtime()
-    for outcome in current.engine.extract_group(item_ids):
-        if isinstance(outcome, Continue):
-            current.queue.send_attribution(outcome.taken)
-        else:
-            current.engine.settle(outcome)
+    engine = runtime().engine
+    for item_id, outcome in zip(item_ids, engine.extract_group(item_ids), strict=True):
+        engine.go_on(item_id, outcome)  # a deferred item: the reaper sends it when due
 
 
 @app.task(name=broker.ATTRIBUTE)
@@ -91,4 +91,4 @@ def extract_group(item_ids: list[int]) -> None:
 def attribute(message: dict[str, Any] | None, item_id: int) -> None:
     if message is not None:
         engine = runtime().engine
-        engine.settle(engine.attribute(Taken.from_message(message)))
+        engine.go_on(item_id, engine.attribute(Taken.from_message(message)))

@@ -45,6 +45,7 @@ from typing import Any, Literal, Protocol
 
 from redis import Redis
 
+from recallq import metrics
 from recallq.coordination import keys, scripts
 
 # The window is counted in this many buckets (see the module docstring).
@@ -223,7 +224,7 @@ class RedisCircuitBreaker:
         probe: Probe | None = None,
     ) -> None:
         asked = _asked_cool_down(retry_after)
-        self._run(
+        what = self._run(
             model,
             "record",
             "fail",
@@ -231,6 +232,7 @@ class RedisCircuitBreaker:
             "" if asked is None else repr(asked),
             probe.token if probe else "",
         )
+        metrics.breaker_recorded(model, _text(what))
 
     def release(self, model: str, probe: Probe) -> None:
         self._run(model, "release", probe.token)

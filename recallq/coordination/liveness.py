@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable
 
 from redis import Redis, RedisError
 
+from recallq import metrics
 from recallq.coordination import keys
 
 WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
@@ -48,6 +49,7 @@ class Heartbeat:
             pipe.zadd(keys.WORKERS, {self.worker_id: now})
             pipe.zremrangebyscore(keys.WORKERS, "-inf", now - FORGET_AFTER)
             pipe.execute()
+        metrics.heartbeat_beat()
 
     def live_workers(self) -> int:
         """How many workers beat within the heartbeat TTL."""

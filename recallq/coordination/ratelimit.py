@@ -15,6 +15,7 @@ from typing import Protocol
 
 from redis import Redis
 
+from recallq import metrics
 from recallq.coordination import keys, scripts
 from recallq.judge.base import RateLimited
 
@@ -69,8 +70,10 @@ class RedisRateLimiter:
             )
         )
         if wait < 0:
+            metrics.rate_limit_deferred(model)
             raise RateLimited(model, -wait)
         if wait > 0:
+            metrics.rate_limit_waited(model, wait)
             self._sleep(wait)
 
     def settle(self, model: str, estimated: int, actual: int) -> None:

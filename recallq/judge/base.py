@@ -103,13 +103,45 @@ class ProviderUnavailable(TryLater):
 
 
 class PermanentJudgeError(JudgeError):
-    """Retrying cannot help: bad request, auth, unknown model, context window exceeded,
-    or an answer that stayed malformed after one repair request."""
+    """Retrying cannot help: bad request, auth, unknown model, context window exceeded, or a
+    malformed answer (MalformedAnswer)."""
+
+
+class MalformedAnswer(PermanentJudgeError):
+    """The model answered (and was billed, `usage`), but not in the schema's shape. Whether
+    the call goes again as a repair request is the pipeline's decision (recallq.pipeline)."""
+
+    def __init__(
+        self,
+        schema: str,
+        answer: str | None,
+        problem: str,
+        usage: Usage,
+        repairable: bool = True,
+    ) -> None:
+        """`repairable`: False for an answer over the answer limits (a repair request would
+        send it back; nothing of it is kept, `answer` is None)."""
+        super().__init__(f"{schema}: malformed answer: {problem}", usage)
+        self.schema = schema
+        self.answer = answer
+        self.problem = problem
+        self.repairable = repairable
+
+
+@dataclass(frozen=True)
+class Repair:
+    """A malformed answer and what was wrong with it: the call goes again once, as the
+    conversation with that answer and an instruction to repair it."""
+
+    answer: str | None
+    problem: str
 
 
 class Judge(Protocol):
     """Judge protocol v1. `run_id` names the run a call is made for (a cancelled run's calls
-    are refused).
+    are refused). Each method is one call (with its retries); `repair` makes it the repair
+    request of an earlier malformed answer. A judge that calls a model raises MalformedAnswer
+    for an answer not in the schema's shape.
 
     extract_claims: data {"ground_truth": str} -> {"claims": [str, ...]}
     extract_claims_packed: data {"ground_truths": [{"index", "text"}]}
@@ -119,10 +151,13 @@ class Judge(Protocol):
     """
 
     name: str
-    prompt_version: str
 
-    def extract_claims(self, ground_truth: str, run_id: str) -> JudgeReply: ...
+    def extract_claims(
+        self, ground_truth: str, run_id: str, repair: Repair | None = None
+    ) -> JudgeReply: ...
 
     def extract_claims_packed(self, ground_truths: list[str], run_id: str) -> PackedReply: ...
 
-    def attribute(self, claims: list[str], contexts: list[str], run_id: str) -> JudgeReply: ...
+    def attribute(
+        self, claims: list[str], contexts: list[str], run_id: str, repair: Repair | None = None
+    ) -> JudgeReply: ...

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from recallq.judge.base import JudgeReply, PackedReply
+from recallq.judge.base import JudgeReply, PackedReply, Repair
 
 __all__ = ["LexicalJudge", "split_claims", "supporting_contexts"]
 
@@ -103,13 +103,23 @@ class LexicalJudge:
     name = "local/lexical"
     prompt_version = "lexical-1"
 
-    def extract_claims(self, ground_truth: str, run_id: str = "") -> JudgeReply:
+    # Its answers are never malformed, so it is never asked to repair one (`repair`).
+
+    def extract_claims(
+        self, ground_truth: str, run_id: str = "", repair: Repair | None = None
+    ) -> JudgeReply:
         return JudgeReply(data={"claims": split_claims(ground_truth)})
 
     def extract_claims_packed(self, ground_truths: list[str], run_id: str = "") -> PackedReply:
         return PackedReply({i: split_claims(text) for i, text in enumerate(ground_truths)})
 
-    def attribute(self, claims: list[str], contexts: list[str], run_id: str = "") -> JudgeReply:
+    def attribute(
+        self,
+        claims: list[str],
+        contexts: list[str],
+        run_id: str = "",
+        repair: Repair | None = None,
+    ) -> JudgeReply:
         context_words = [set(_content_words(context)) for context in contexts]
         verdicts = [_verdict(index, claim, context_words) for index, claim in enumerate(claims)]
         return JudgeReply(data={"verdicts": verdicts})

@@ -2,7 +2,9 @@
 
 Importing this module imports litellm (about 6 s of CPU): only code that calls a model does.
 The only retry loop for judge calls lives in recallq.retry; litellm's and the OpenAI SDK's own
-retries are switched off here so attempts never multiply.
+retries are switched off here so attempts never multiply. A judge call is one call (limits,
+call gate, circuit breaker, retries); an answer not in the schema's shape raises
+MalformedAnswer, and whether to send a repair request is recallq.pipeline's decision.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from recallq import patches
+from recallq import metrics, patches
 from recallq.coordination.breaker import CircuitBreaker, Open, Probe
 from recallq.coordination.gate import CallGate
 from recallq.coordination.ratelimit import RateLimiter
@@ -21,9 +23,11 @@ from recallq.judge import protocol
 from recallq.judge.base import (
     JudgeError,
     JudgeReply,
+    MalformedAnswer,
     PackedReply,
     PermanentJudgeError,
     ProviderUnavailable,
+    Repair,
     TransientJudgeError,
     Usage,
 )
@@ -93,8 +97,6 @@ class Completion:
 
 
 class LLMJudge:
-    prompt_version = protocol.PROMPT_VERSION
-
     def __init__(
         self,
         config: ModelConfig,
@@ -104,10 +106,11 @@ class LLMJudge:
         breaker: CircuitBreaker,
         timeout: float,
         redact: Redactor | None = None,
+        limits: protocol.AnswerLimits = protocol.DEFAULT_LIMITS,
     ) -> None:
-        """`redact` takes secrets out of provider error text before it is stored or logged
-        (the runtime builds it with every configured key; without one, the key of this model
-        and the usual patterns)."""
+        """`redact` takes secrets out of provider error text and out of answers before they
+        are stored or logged (the runtime builds it with every configured key; without one,
+        the key of this model and the usual patterns). `limits` bound what an answer may hold."""
         patches.prepare_litellm()
         self.name = config.name
         self._gate = gate
@@ -116,6 +119,7 @@ class LLMJudge:
         self._policy = policy
         self._limiter = limiter
         self._timeout = timeout
+        self._limits = limits
         self._redact = redact or Redactor(
             value for value in self._params.values() if isinstance(value, str)
         )
@@ -140,59 +144,64 @@ class LLMJudge:
             mock_response='{"claims": []}',
         )
 
-    def extract_claims(self, ground_truth: str, run_id: str) -> JudgeReply:
+    def extract_claims(
+        self, ground_truth: str, run_id: str, repair: Repair | None = None
+    ) -> JudgeReply:
         messages = protocol.extraction_messages(ground_truth)
-        return self._ask(protocol.EXTRACTION, messages, run_id)
+        return self._ask(protocol.EXTRACTION, messages, run_id, repair)
 
     def extract_claims_packed(self, ground_truths: list[str], run_id: str) -> PackedReply:
-        """One call for several ground truths. A malformed answer is not repaired: its items
-        are missing, and each falls back to an extraction of its own."""
         messages = protocol.packed_extraction_messages(ground_truths)
         answer = self._complete(protocol.EXTRACTION_PACKED, messages, run_id)
-        try:
-            data = _parse(protocol.EXTRACTION_PACKED, answer)
-        except protocol.ProtocolError:
-            return PackedReply({}, answer.usage)
-        return PackedReply(protocol.packed_claims(data, len(ground_truths)), answer.usage)
+        data = self._parse(protocol.EXTRACTION_PACKED, answer)
+        claims = protocol.packed_claims(data, ground_truths, self._limits)
+        return PackedReply(claims, answer.usage)
 
-    def attribute(self, claims: list[str], contexts: list[str], run_id: str) -> JudgeReply:
+    def attribute(
+        self, claims: list[str], contexts: list[str], run_id: str, repair: Repair | None = None
+    ) -> JudgeReply:
         messages = protocol.attribution_messages(claims, contexts)
-        return self._ask(protocol.ATTRIBUTION, messages, run_id)
+        return self._ask(protocol.ATTRIBUTION, messages, run_id, repair)
 
-    def _ask(self, schema: str, messages: list[dict[str, str]], run_id: str) -> JudgeReply:
-        """One call, plus one repair request when the answer is malformed. Whatever the repair
-        request does, the first call was answered and is charged."""
-        first = self._complete(schema, messages, run_id)
+    def _ask(
+        self, schema: str, messages: list[dict[str, str]], run_id: str, repair: Repair | None
+    ) -> JudgeReply:
+        if repair is not None:
+            messages = protocol.repair_messages(messages, repair.answer, repair.problem)
+        answer = self._complete(schema, messages, run_id, repair=repair is not None)
+        return JudgeReply(self._parse(schema, answer), answer.usage)
+
+    def _parse(self, schema: str, completion: Completion) -> dict[str, Any]:
+        """The answer parsed within the limits, every configured secret out of it; else
+        MalformedAnswer, charged with the call (an answer over the limits is not repairable,
+        and is not carried)."""
         try:
-            return JudgeReply(
-                protocol.parse_answer(schema, first.content, first.finish_reason), first.usage
+            return protocol.parse_answer(
+                schema, completion.content, completion.finish_reason, self._limits, self._redact
             )
+        except protocol.AnswerTooLarge as too_large:
+            raise MalformedAnswer(
+                schema, None, str(too_large), completion.usage, repairable=False
+            ) from None
         except protocol.ProtocolError as problem:
-            repair = protocol.repair_messages(messages, first.content, str(problem))
-        try:
-            second = self._complete(schema, repair, run_id)
-        except JudgeError as exc:
-            exc.after(first.usage)
-            raise
-        usage = first.usage + second.usage
-        try:
-            return JudgeReply(
-                protocol.parse_answer(schema, second.content, second.finish_reason), usage
-            )
-        except protocol.ProtocolError as still:
-            raise PermanentJudgeError(
-                f"{schema}: malformed answer after a repair request: {still}", usage
-            ) from still
+            raise MalformedAnswer(
+                schema, completion.content, str(problem), completion.usage
+            ) from None
 
-    def _complete(self, schema: str, messages: list[dict[str, str]], run_id: str) -> Completion:
+    def _complete(
+        self, schema: str, messages: list[dict[str, str]], run_id: str, repair: bool = False
+    ) -> Completion:
+        """`repair`: this is the repair request of a malformed answer (its metrics say so)."""
         estimate = _estimate_tokens(messages)
 
         def attempt() -> Any:
             probe = self._may_call()
+            sent = 0.0
             try:
                 if probe is None:  # one probe goes whatever the limiter says: it must learn
                     self._limiter.acquire(self.name, estimate)
                 with self._gate.call(run_id), patches.without_litellm_callbacks():
+                    sent = time.monotonic()
                     response = litellm.completion(
                         **self._params,
                         messages=messages,
@@ -203,14 +212,17 @@ class LLMJudge:
                         max_retries=0,
                     )
             except _TRANSIENT as exc:
+                metrics.judge_call(self.name, schema, "transient_error", time.monotonic() - sent)
                 reason, retry_after = _reason(exc), _retry_after(exc)
                 if isinstance(exc, litellm.RateLimitError):
+                    metrics.provider_rate_limited(self.name)
                     self._limiter.penalise(self.name, retry_after)
                 self._breaker.record_failure(self.name, reason, retry_after, probe)
                 raise TransientJudgeError(
                     f"{type(exc).__name__}: {_clean(exc, self._redact)}", reason, retry_after
                 ) from None  # the provider's text, unredacted, stays out of every traceback
             except _PERMANENT as exc:  # the provider answered: it is up, this call is wrong
+                metrics.judge_call(self.name, schema, "permanent_error", time.monotonic() - sent)
                 self._breaker.record_success(self.name, probe)
                 message = f"{type(exc).__name__}: {_clean(exc, self._redact)}"
                 raise PermanentJudgeError(message) from None
@@ -218,6 +230,8 @@ class LLMJudge:
                 if probe is not None:
                     self._breaker.release(self.name, probe)
                 raise
+            answered = "repaired" if repair else "answered"
+            metrics.judge_call(self.name, schema, answered, time.monotonic() - sent)
             self._breaker.record_success(self.name, probe)
             return response
 
@@ -228,6 +242,7 @@ class LLMJudge:
         self._limiter.settle(self.name, estimate, prompt + completion)
         cost = float(response._hidden_params.get("response_cost") or 0.0) if self._priced else 0.0
         self._gate.charge(run_id, cost, prompt + completion)
+        metrics.judge_usage(self.name, schema, prompt, completion, cost)
         choice = response.choices[0]
         usage = Usage(1, prompt, completion, cost) + attempts
         return Completion(choice.message.content, choice.finish_reason, usage)
@@ -244,10 +259,6 @@ class LLMJudge:
                 wait,
             )
         return decision if isinstance(decision, Probe) else None
-
-
-def _parse(schema: str, completion: Completion) -> dict[str, Any]:
-    return protocol.parse_answer(schema, completion.content, completion.finish_reason)
 
 
 def _clean(exc: Exception, redact: Redactor) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 PROMPT_VERSION = "v1"
@@ -114,6 +116,28 @@ class ProtocolError(ValueError):
     """The model's answer is not valid JSON of the expected shape."""
 
 
+class AnswerTooLarge(ProtocolError):
+    """The answer is over one of the answer limits. Never repaired: a repair request would send
+    the oversized answer back, and nothing of it is stored; the item fails with this message."""
+
+
+@dataclass(frozen=True)
+class AnswerLimits:
+    """How much of a judge's answer recallq takes (RECALLQ_JUDGE_MAX_*, recallq.settings).
+    `answer_bytes` is checked before the JSON is parsed, the others on the parsed answer."""
+
+    answer_bytes: int = 1024 * 1024
+    claims: int = 500
+    claim_chars: int = 2000
+    reason_chars: int = 2000
+
+
+DEFAULT_LIMITS = AnswerLimits()
+
+#: Takes secrets out of one text (a recallq.redact.Redactor); the identity when none is given.
+Redact = Callable[[str], str]
+
+
 def data_message(instruction: str, data: dict[str, Any]) -> str:
     return f"{instruction}\n\n```json\n{json.dumps(data, ensure_ascii=False, indent=1)}\n```"
 
@@ -182,9 +206,22 @@ _FENCE = re.compile(r"```(?:json)?\s*(.*?)```", re.DOTALL)
 
 
 def parse_answer(
-    schema_name: str, content: str | None, finish_reason: str | None
+    schema_name: str,
+    content: str | None,
+    finish_reason: str | None,
+    limits: AnswerLimits = DEFAULT_LIMITS,
+    redact: Redact | None = None,
 ) -> dict[str, Any]:
-    """The model's JSON answer, checked for the schema's top-level shape."""
+    """The model's JSON answer, checked for the schema's top-level shape and the answer limits
+    (AnswerTooLarge), with every string in it passed through `redact`: an answer is untrusted
+    text, and a judge may echo the request's key into a claim or a reason."""
+    if content is not None:
+        size = len(content.encode("utf-8", "surrogatepass"))
+        if size > limits.answer_bytes:
+            raise AnswerTooLarge(
+                f"the judge's answer is {size:,} bytes, over the limit of "
+                f"{limits.answer_bytes:,} (RECALLQ_JUDGE_MAX_ANSWER_BYTES)"
+            )
     if finish_reason == "length":
         raise ProtocolError("the answer was cut off (finish_reason=length)")
     if not content or not content.strip():
@@ -193,34 +230,173 @@ def parse_answer(
     fenced = _FENCE.search(text)
     if fenced and not text.startswith("{"):
         text = fenced.group(1).strip()
+    clip = _clip(content if redact is None else redact(content))
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise ProtocolError(
-            f"invalid JSON ({exc.msg} at char {exc.pos}): {_clip(content)}"
-        ) from exc
+        raise ProtocolError(f"invalid JSON ({exc.msg} at char {exc.pos}): {clip}") from exc
     key = {EXTRACTION: "claims", EXTRACTION_PACKED: "items"}.get(schema_name, "verdicts")
     if not isinstance(data, dict) or not isinstance(data.get(key), list):
-        raise ProtocolError(f'expected an object with a "{key}" list, got: {_clip(content)}')
+        raise ProtocolError(f'expected an object with a "{key}" list, got: {clip}')
+    if redact is not None:
+        data = {key: _redacted(value, redact) for key, value in data.items()}
     if schema_name == EXTRACTION:
         data["claims"] = _claims(data["claims"])
+        check_claims(data["claims"], limits)
+    elif schema_name == ATTRIBUTION:
+        _check_reasons(data["verdicts"], limits)
     return data
 
 
-def packed_claims(data: dict[str, Any], count: int) -> dict[int, list[str]]:
-    """Claims per index of a packed answer, for the indices 0..count-1 it answers well (an
-    entry whose index is out of range, repeated or whose claims are not a list is ignored:
-    that item falls back to an extraction of its own)."""
-    found: dict[int, list[str]] = {}
+def check_claims(claims: Sequence[str], limits: AnswerLimits) -> None:
+    """AnswerTooLarge when one item's claims are over the limits."""
+    if len(claims) > limits.claims:
+        raise AnswerTooLarge(
+            f"the judge answered {len(claims):,} claims, over the limit of {limits.claims:,} "
+            "per item (RECALLQ_JUDGE_MAX_CLAIMS)"
+        )
+    longest = max(map(len, claims), default=0)
+    if longest > limits.claim_chars:
+        raise AnswerTooLarge(
+            f"the judge answered a claim of {longest:,} characters, over the limit of "
+            f"{limits.claim_chars:,} (RECALLQ_JUDGE_MAX_CLAIM_CHARS)"
+        )
+
+
+def _check_reasons(verdicts: list[Any], limits: AnswerLimits) -> None:
+    reasons = (v.get("reason") for v in verdicts if isinstance(v, dict))
+    longest = max((len(r) for r in reasons if isinstance(r, str)), default=0)
+    if longest > limits.reason_chars:
+        raise AnswerTooLarge(
+            f"the judge answered a reason of {longest:,} characters, over the limit of "
+            f"{limits.reason_chars:,} (RECALLQ_JUDGE_MAX_REASON_CHARS)"
+        )
+
+
+def _redacted(value: Any, redact: Redact) -> Any:
+    """`value` with every string in it (keys aside) redacted."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, list):
+        return [_redacted(v, redact) for v in value]
+    if isinstance(value, dict):
+        return {k: _redacted(v, redact) for k, v in value.items()}
+    return value
+
+
+# --- packed answers: one item's text must not decide another item's claims ------------------
+
+#: A claim whose content words are less than this share in its own ground truth, and more in
+#: another ground truth of the pack, is taken as that other item's (docs/judge-answers.md).
+MIN_OWN_OVERLAP = 0.5
+_WORD = re.compile(r"[^\W_]+")
+# words that say nothing about which ground truth a claim came from
+_STOP_WORDS = frozenset(
+    (
+        "about",
+        "after",
+        "also",
+        "been",
+        "before",
+        "being",
+        "between",
+        "both",
+        "does",
+        "from",
+        "have",
+        "having",
+        "into",
+        "more",
+        "most",
+        "only",
+        "other",
+        "over",
+        "same",
+        "some",
+        "such",
+        "than",
+        "that",
+        "their",
+        "them",
+        "then",
+        "there",
+        "these",
+        "they",
+        "this",
+        "those",
+        "very",
+        "were",
+        "what",
+        "when",
+        "where",
+        "which",
+        "while",
+        "with",
+        "would",
+        "your",
+    )
+)
+
+
+def content_words(text: str) -> set[str]:
+    """The words a claim shares with the text it came from: lowercase, four letters or more
+    (or holding a digit: numbers, years), cut to their first five letters so that plurals and
+    tenses of one word agree ("awarded", "awards"), stop words left out."""
+    words = set()
+    for word in _WORD.findall(text.lower()):
+        if (len(word) >= 4 and word not in _STOP_WORDS) or any(c.isdigit() for c in word):
+            words.add(word[:5])
+    return words
+
+
+def foreign_claim(claim: str, own: set[str], others: Sequence[set[str]]) -> bool:
+    """Whether a claim looks taken from another ground truth of the pack rather than its own:
+    less than MIN_OWN_OVERLAP of its content words in its own, and more in another's. A claim
+    with no content words says nothing either way."""
+    words = content_words(claim)
+    if not words:
+        return False
+    share = len(words & own) / len(words)
+    if share >= MIN_OWN_OVERLAP:
+        return False
+    return any(len(words & other) / len(words) > share for other in others)
+
+
+def packed_claims(
+    data: dict[str, Any], ground_truths: Sequence[str], limits: AnswerLimits = DEFAULT_LIMITS
+) -> dict[int, list[str]]:
+    """Claims per index of a packed answer, for the indices of `ground_truths` it answers
+    well. Every other item falls back to an extraction of its own: an entry whose index is
+    out of range or whose claims are not a list; every entry of an index answered more than
+    once (which of them is honest cannot be told); an item with a claim that looks taken from
+    another ground truth of the pack (`foreign_claim`); an item over the answer limits."""
+    entries: dict[int, Any] = {}
+    repeated: set[int] = set()
     for entry in data.get("items") or []:
         if not isinstance(entry, dict):
             continue
         index, claims = entry.get("index"), entry.get("claims")
-        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < count:
+        if isinstance(index, bool) or not isinstance(index, int):
             continue
-        if index in found or not isinstance(claims, list):
+        if not 0 <= index < len(ground_truths):
             continue
-        found[index] = _claims(claims)
+        if index in entries:
+            repeated.add(index)
+        entries[index] = claims
+    words = [content_words(text) for text in ground_truths]
+    found: dict[int, list[str]] = {}
+    for index, raw in entries.items():
+        if index in repeated or not isinstance(raw, list):
+            continue
+        claims = _claims(raw)
+        others = words[:index] + words[index + 1 :]
+        if any(foreign_claim(claim, words[index], others) for claim in claims):
+            continue
+        try:
+            check_claims(claims, limits)
+        except AnswerTooLarge:
+            continue
+        found[index] = claims
     return found
 
 

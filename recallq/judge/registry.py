@@ -11,6 +11,7 @@ from recallq.coordination.gate import CallGate
 from recallq.coordination.ratelimit import RateLimiter
 from recallq.judge.base import Judge, PermanentJudgeError
 from recallq.judge.lexical import LexicalJudge
+from recallq.judge.protocol import DEFAULT_LIMITS, AnswerLimits
 from recallq.model_registry import LEXICAL, ModelConfig, ModelRegistryError, pack_size
 from recallq.redact import Redactor
 from recallq.retry import RetryPolicy
@@ -28,9 +29,11 @@ class JudgeRegistry:
         extraction_pack: int,
         judges: Mapping[str, Judge] | None = None,
         redact: Redactor | None = None,
+        limits: AnswerLimits = DEFAULT_LIMITS,
     ) -> None:
         """`judges` are ready-made judges by name (tests put doubles of a provider here);
-        `redact` takes secrets out of provider error text (see recallq.redact)."""
+        `redact` takes secrets out of provider error text and answers (see recallq.redact);
+        `limits` bound what an answer may hold."""
         self.models = models
         self._limiter_for = limiter_for
         self._gate = gate
@@ -39,6 +42,7 @@ class JudgeRegistry:
         self._timeout = request_timeout
         self._pack = extraction_pack
         self._redact = redact
+        self._limits = limits
         self._judges: dict[str, Judge] = {LEXICAL: LexicalJudge(), **(judges or {})}
         self._lock = threading.Lock()
 
@@ -69,6 +73,7 @@ class JudgeRegistry:
                 self.breaker,
                 self._timeout,
                 self._redact,
+                self._limits,
             )
         except ModelRegistryError as exc:  # a missing key fails each item at once, not later
             raise PermanentJudgeError(str(exc)) from exc

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import jinja2
 
+from recallq.agreement import MIN_CORRECTED_ITEMS
 from recallq.viewer import figures, formatting
 
 STATIC_FILES = ("viewer.css", "viewer.js")
@@ -36,6 +37,7 @@ def environment() -> jinja2.Environment:
         scatter=figures.scatter,
         marked_passages=figures.marked_passages,
         supporting_passages=figures.supporting_passages,
+        min_corrected_items=MIN_CORRECTED_ITEMS,
     )
     return env
 

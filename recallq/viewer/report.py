@@ -17,10 +17,12 @@ def render(
     comparison: dict[str, Any] | None = None,
     pairs: Sequence[tuple[str, float, float]] = (),
     generated_at: datetime | None = None,
+    agreement: dict[str, Any] | None = None,
 ) -> str:
     """The report's HTML. `run` is a run object (GET /v1/runs/{id}), `lowest_items` item objects
     with item data, `comparison` a compare result with this run as the candidate, and `pairs`
-    (item id, base score, candidate score) for its scatter."""
+    (item id, base score, candidate score) for its scatter, `agreement` the run's judge-human
+    agreement (GET /v1/runs/{id}/agreement), shown when a claim is labelled."""
     moment = generated_at or datetime.now(UTC)
     return (
         environment()
@@ -30,6 +32,7 @@ def render(
             lowest_items=lowest_items,
             comparison=comparison,
             pairs=list(pairs),
+            agreement=agreement,
             css=stylesheet(),
             anchor=anchor,
             generated_at=moment.isoformat(timespec="seconds"),
@@ -38,5 +41,6 @@ def render(
 
 
 def anchor(item_id: str) -> str:
-    """The in-file link of an item of the report."""
-    return "#item-" + "".join(c if c.isalnum() or c in "-_" else f"_{ord(c):x}" for c in item_id)
+    """The in-file link of an item of the report: one per id (`_` is escaped too, so `a/b`
+    and `a_2fb` stay apart)."""
+    return "#item-" + "".join(c if c.isalnum() or c == "-" else f"_{ord(c):x}_" for c in item_id)

@@ -50,6 +50,12 @@ def test_cancel_from_the_page_cancels_the_run(
     assert int(cancelled.get_attribute("data-value")) == run["counts"]["cancelled"]
     assert page.locator("form[data-testid=cancel]").count() == 0  # nothing left to cancel
     shoot(page, screenshots, "run-cancelled")
+    # the runs page does not show a cancelled run's bar as full: it counts what ended scored
+    page.goto(f"{stack.url}/")
+    progress = page.locator(f'tr[data-run-id="{run_id}"] [data-field=progress]')
+    c = run["counts"]
+    assert int(progress.get_attribute("data-value")) == c["succeeded"] + c["failed"]
+    assert f"{c['cancelled']:,} cancelled" in progress.inner_text()
 
 
 def test_retry_from_the_page_scores_the_failed_items_again(

@@ -107,5 +107,8 @@ def test_the_report_with_a_comparison(
     shown = section.locator("[data-testid=mean-difference]").get_attribute("data-value")
     assert float(shown) == expected["mean_difference"]
     assert page.locator("svg[data-testid=histogram] rect[data-count]").count() > 0
+    # what --compare asked for comes first, not below every lowest-scoring item
+    compare_top = section.bounding_box()["y"]
+    assert compare_top < page.locator("section[data-testid=lowest-items]").bounding_box()["y"]
     shoot(page, screenshots, "report-compare")
     assert attempted == []

@@ -220,3 +220,13 @@ def test_delete_refuses_a_run_that_is_not_ended(api: str, keys: dict[str, str | 
     response = httpx.delete(f"{api}/v1/runs/{run}", headers=bearer(keys["admin"]))
     assert error_of(response) == (409, "run_active")
     assert httpx.get(f"{api}/v1/runs/{run}", headers=bearer(keys["admin"])).status_code == 200
+
+
+def test_a_missing_key_names_the_setting_the_cli_reads(api: str, env: dict[str, str]) -> None:
+    response = httpx.get(f"{api}/v1/runs")
+    assert error_of(response) == (401, "unauthenticated")
+    assert "RECALLQ_API_KEY" in response.json()["error"]["message"]
+    without_key = {k: v for k, v in env.items() if k != "RECALLQ_API_KEY"}
+    listed = recallq(without_key, "runs", "--api", api)
+    assert listed.returncode == 2 and "RECALLQ_API_KEY" in listed.stderr, listed.stderr
+    assert "Traceback" not in listed.stderr

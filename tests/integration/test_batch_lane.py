@@ -25,7 +25,7 @@ from recallq.db import Database
 from recallq.engine import Engine
 from recallq.model_registry import batch_models, load_models
 from recallq.models import Item, Run
-from recallq.outcomes import Continue, Stage, Taken
+from recallq.outcomes import Stage, Taken
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.store import BatchedItemStore, stores_for
@@ -175,6 +175,7 @@ MIXED = [
 class RecordedQueue:
     def __init__(self) -> None:
         self.items: list[int] = []
+        self.attributions: list[Taken] = []
 
     def send_items(self, item_ids: Sequence[int]) -> None:
         self.items += item_ids
@@ -183,7 +184,7 @@ class RecordedQueue:
         pass
 
     def send_attribution(self, taken: Taken) -> None:
-        pass
+        self.attributions.append(taken)
 
 
 def score_online(lane: Lane, run_id: str) -> None:
@@ -196,9 +197,10 @@ def score_online(lane: Lane, run_id: str) -> None:
     engine.dispatch(run_id)
     for item_id in queue.items:  # one at a time: one request per item and stage, as batches
         (outcome,) = engine.extract_group([item_id])
-        if isinstance(outcome, Continue):
-            outcome = engine.attribute(outcome.taken)
-        engine.settle(outcome)
+        engine.go_on(item_id, outcome)  # the routing the workers and the local runner use
+        while queue.attributions:
+            taken = queue.attributions.pop()
+            engine.go_on(taken.item_id, engine.attribute(taken))
     engine.runs.complete_if_done(run_id)
     runtime.close()
 

@@ -32,11 +32,13 @@ class FlakyProvider:
     def __init__(self) -> None:
         self.trouble: TryLater | None = None
 
-    def extract_claims(self, ground_truth: str, run_id: str) -> JudgeReply:
+    def extract_claims(self, ground_truth: str, run_id: str, repair: object = None) -> JudgeReply:
         usage = Usage(llm_calls=1, prompt_tokens=10, call_attempts=1)
         return JudgeReply({"claims": [ground_truth]}, usage)
 
-    def attribute(self, claims: list[str], contexts: list[str], run_id: str) -> JudgeReply:
+    def attribute(
+        self, claims: list[str], contexts: list[str], run_id: str, repair: object = None
+    ) -> JudgeReply:
         if self.trouble is not None:
             raise self.trouble
         verdicts = [

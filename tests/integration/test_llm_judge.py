@@ -12,9 +12,12 @@ from collections.abc import Callable
 import litellm
 import pytest
 
+from recallq import pipeline
 from recallq.coordination.breaker import LocalCircuitBreaker
 from recallq.coordination.gate import OpenGate
 from recallq.coordination.ratelimit import Unlimited
+from recallq.judge import protocol
+from recallq.judge.base import MalformedAnswer, Repair
 from recallq.judge.llm import LLMJudge
 from recallq.model_registry import ModelConfig
 from recallq.retry import RetryPolicy
@@ -159,3 +162,28 @@ def test_prices_from_the_models_file_are_billed_and_noticed(clean_stub) -> None:
     usage = judge.extract_claims("Ada was born in 1815. She wrote a program.", "r").usage
     expected = usage.prompt_tokens * 0.000001 + usage.completion_tokens * 0.000002
     assert usage.cost_usd == pytest.approx(expected)
+
+
+def test_a_malformed_answer_is_one_call_and_its_repair_is_the_callers(clean_stub) -> None:  # type: ignore[no-untyped-def]
+    """The judge makes one call and says the answer is malformed (billed); the repair request
+    goes only when its caller (the pipeline) asks for it, as the conversation with that answer."""
+    ground_truth = "Ada was born in 1815. STUB_BROKEN_JSON"
+    clean_stub.configure(record_messages=True)
+    try:
+        judge = _judge(clean_stub, "openai/stub-judge")
+        with pytest.raises(MalformedAnswer) as first:
+            judge.extract_claims(ground_truth, "r")
+        assert first.value.schema == protocol.EXTRACTION and first.value.usage.llm_calls == 1
+        assert len(clean_stub.calls()) == 1  # no repair request of its own
+        repair = pipeline.malformed_answer(first.value, repaired=False)
+        assert isinstance(repair, Repair)
+        with pytest.raises(MalformedAnswer):
+            judge.extract_claims(ground_truth, "r", repair=repair)
+        calls = clean_stub.calls()
+    finally:
+        clean_stub.configure(record_messages=False)
+    assert len(calls) == 2
+    expected = protocol.repair_messages(
+        protocol.extraction_messages(ground_truth), first.value.answer, first.value.problem
+    )
+    assert [m["content"] for m in calls[1]["messages"]] == [m["content"] for m in expected]

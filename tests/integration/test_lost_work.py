@@ -50,10 +50,12 @@ class EchoJudge:
     name = MODEL
     prompt_version = "echo-v1"
 
-    def extract_claims(self, ground_truth: str, run_id: str) -> JudgeReply:
+    def extract_claims(self, ground_truth: str, run_id: str, repair: object = None) -> JudgeReply:
         return JudgeReply({"claims": [ground_truth]}, Usage(llm_calls=1))
 
-    def attribute(self, claims: list[str], contexts: list[str], run_id: str) -> JudgeReply:
+    def attribute(
+        self, claims: list[str], contexts: list[str], run_id: str, repair: object = None
+    ) -> JudgeReply:
         verdicts = [
             {"claim_index": i, "verdict": "yes", "context_indices": [0], "reason": "stated"}
             for i in range(len(claims))

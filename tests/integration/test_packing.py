@@ -104,3 +104,32 @@ def test_items_a_packed_answer_misses_fall_back_alone_and_all_score(
     )
     items = _items(api, run["id"])
     assert all(item["claims_total"] >= 2 for item in items.values())
+
+
+def test_usage_by_stage_is_exactly_what_each_stages_calls_used(api, clean_stub) -> None:  # type: ignore[no-untyped-def]
+    """Packed, single (a packed answer's fallback), repaired and attribution calls: each
+    stage's usage is what the stub counted for its calls, and the totals still add up."""
+    marks = {
+        2: "STUB_PACK_DROP",  # extracted again alone
+        4: "STUB_PACK_DROP STUB_BROKEN_JSON",  # alone, repaired, fails at extraction
+        6: "STUB_BROKEN_JSON",  # packed fine; its attribution is repaired, then fails
+    }
+    run = wait_for_run(api, submit(api, make_items("u", 9, marks)))
+    assert run["counts"]["succeeded"] == 7 and run["counts"]["failed"] == 2
+    counted = clean_stub.stats()["usage_by_schema"]
+    assert counted["claim_extraction_packed"]["calls"] >= 1  # how many depends on grouping
+    assert counted["claim_extraction"]["calls"] >= 1 + 2  # alone: 2, and 4 with its repair
+    assert counted["claim_attribution"]["calls"] == 7 + 2  # and 6's repair
+    extraction = Counter(counted["claim_extraction_packed"]) + Counter(counted["claim_extraction"])
+    expected = {"extraction": extraction, "attribution": Counter(counted["claim_attribution"])}
+    stages = run["usage"]["by_stage"]
+    for stage, used in expected.items():
+        assert stages[stage]["llm_calls"] == used["calls"], stage
+        assert stages[stage]["prompt_tokens"] == used["prompt_tokens"], stage
+        assert stages[stage]["completion_tokens"] == used["completion_tokens"], stage
+    usage = run["usage"]
+    for key in ("llm_calls", "prompt_tokens", "completion_tokens"):
+        assert stages["extraction"][key] + stages["attribution"][key] == usage[key], key
+    assert stages["extraction"]["cost_usd"] + stages["attribution"]["cost_usd"] == pytest.approx(
+        usage["cost_usd"]
+    )

@@ -24,7 +24,15 @@ ITEMS = 20_000  # about 4 MB of results: far more than socket buffers hold
 @pytest.fixture(scope="module")
 def env(service_env: dict[str, str]) -> dict[str, str]:
     # a long grace, so the stalled uploads are still stalled (not refused) while we measure
-    return secured_env(service_env, submissions_per_minute=0, body_grace=120, body_min_rate=1)
+    # and room for every stalled reader's stream on the one key (the cap per key is tested in
+    # test_client_isolation.py)
+    return secured_env(
+        service_env,
+        submissions_per_minute=0,
+        body_grace=120,
+        body_min_rate=1,
+        max_result_streams_per_key=STALLED,
+    )
 
 
 @pytest.fixture(scope="module")

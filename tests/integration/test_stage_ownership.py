@@ -37,10 +37,12 @@ class ProbeJudge:
         self.attribution_calls = 0
         self.during_attribution: Callable[[], None] = lambda: None
 
-    def extract_claims(self, ground_truth: str, run_id: str) -> JudgeReply:
+    def extract_claims(self, ground_truth: str, run_id: str, repair: object = None) -> JudgeReply:
         return JudgeReply({"claims": [ground_truth]}, Usage(llm_calls=1))
 
-    def attribute(self, claims: list[str], contexts: list[str], run_id: str) -> JudgeReply:
+    def attribute(
+        self, claims: list[str], contexts: list[str], run_id: str, repair: object = None
+    ) -> JudgeReply:
         self.attribution_calls += 1
         self.during_attribution()
         verdicts = [

@@ -44,14 +44,16 @@ class ScriptedJudge:
     name = MODEL
     prompt_version = "probe"
 
-    def extract_claims(self, ground_truth: str, run_id: str) -> JudgeReply:
+    def extract_claims(self, ground_truth: str, run_id: str, repair: object = None) -> JudgeReply:
         if "permanent" in ground_truth:
             raise PermanentJudgeError("bad request", Usage(llm_calls=1))
         if "busy" in ground_truth:
             raise RateLimited(MODEL, 0.0)
         return JudgeReply({"claims": [ground_truth]}, Usage(llm_calls=1))
 
-    def attribute(self, claims: list[str], contexts: list[str], run_id: str) -> JudgeReply:
+    def attribute(
+        self, claims: list[str], contexts: list[str], run_id: str, repair: object = None
+    ) -> JudgeReply:
         verdicts = [
             {"claim_index": i, "verdict": "yes", "context_indices": [0], "reason": "r"}
             for i in range(len(claims))

@@ -24,6 +24,8 @@ TABLES = {
     "api_keys",
     "provider_batches",
     "batch_lines",
+    "claim_labels",
+    "label_samples",
     "broker_epoch",
 }
 

@@ -12,17 +12,11 @@ import pytest
 from recallq.batch_requests import (
     UNANSWERED,
     Answer,
-    AskAgain,
-    Claims,
-    Failed,
     InputFile,
     LineFailure,
     Price,
-    Repair,
     Request,
-    Retry,
     Stage,
-    Verdicts,
     answer_usage,
     carry_verdicts,
     custom_id,
@@ -35,6 +29,7 @@ from recallq.batch_requests import (
     result_of,
 )
 from recallq.judge import protocol
+from recallq.pipeline import AskAgain, Claims, Failed, Repair, Retry, Verdicts
 from recallq.scoring import Verdict
 
 CLAIMS = ("Ada was born in 1815", "Ada wrote notes", "Ada liked tea")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import subprocess
 
 import yaml
 
@@ -20,7 +21,8 @@ def test_every_compose_command_is_a_recallq_command() -> None:
     compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
     services = compose["services"]
     parser = build_parser()
-    commands = {name: s["command"] for name, s in services.items() if "command" in s}
+    # the services built from this repository; Prometheus runs its own image
+    commands = {name: s["command"] for name, s in services.items() if "build" in s}
     assert {"migrate", "api", "worker"} <= set(commands)
     for name, command in commands.items():
         argv = shlex.split(command) if isinstance(command, str) else list(command)
@@ -58,3 +60,35 @@ def test_no_open_api_and_no_password_in_the_file() -> None:
         assert "RECALLQ_AUTH" not in (service.get("environment") or {})
     assert "RECALLQ_AUTH" not in compose["x-recallq-env"]
     assert "recallq keys create" in text  # says how to make the first key
+
+
+def test_prometheus_scrapes_the_api_with_its_token_and_every_worker(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+    services = compose["services"]
+    prometheus = services["prometheus"]
+    assert "metrics_token" in prometheus["secrets"]
+    assert compose["secrets"]["metrics_token"] == {"environment": "RECALLQ_METRICS_TOKEN"}
+    assert compose["x-recallq-env"]["RECALLQ_METRICS_TOKEN"].startswith("${RECALLQ_METRICS_TOKEN:?")
+    assert all(str(port).startswith("127.0.0.1:") for port in prometheus["ports"])
+    worker = build_parser().parse_args(shlex.split(services["worker"]["command"])[1:])
+    assert worker.metrics_port == 9100 and "healthcheck" in services["worker"]
+    assert f"127.0.0.1:{worker.metrics_port}/metrics" in " ".join(
+        services["worker"]["healthcheck"]["test"]
+    )
+    config = yaml.safe_load((REPO / "examples" / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    api = jobs["recallq-api"]
+    assert api["authorization"]["credentials_file"] == "/run/secrets/metrics_token"
+    assert api["static_configs"][0]["targets"] == ["api:8000"]
+    (workers,) = jobs["recallq-workers"]["dns_sd_configs"]
+    assert workers["names"] == ["worker"] and workers["port"] == worker.metrics_port
+    # Debian's promtool (package prometheus) on the same file, the secret's path made local
+    token = tmp_path / "token"
+    token.write_text("t")
+    local = tmp_path / "prometheus.yml"
+    text = (REPO / "examples" / "prometheus.yml").read_text()
+    local.write_text(text.replace("/run/secrets/metrics_token", str(token)))
+    checked = subprocess.run(
+        ["/usr/bin/promtool", "check", "config", str(local)], capture_output=True, text=True
+    )
+    assert checked.returncode == 0, checked.stdout + checked.stderr

@@ -242,7 +242,14 @@ def test_deepeval_ideal_context_beside_the_retrieved_one():
     record = {"input": "q", "context": ["ideal"], "retrieval_context": ["got"], "tag": "t"}
     message = error_of(normalise, record, 0)
     assert "fields 'context' and 'retrieval_context' both give 'context'" in message
-    assert "context=metadata keeps one as metadata, context=- drops it" in message
+    hint = (
+        "--map context=metadata.ideal_context keeps it as metadata and scores 'retrieval_context'"
+    )
+    assert hint in message
+    # whichever field comes first, the hint never points at the retrieved passages
+    reversed_record = {"retrieval_context": ["got"], "context": ["ideal"]}
+    reversed_message = error_of(normalise, reversed_record, 0)
+    assert hint in reversed_message and "retrieval_context=" not in reversed_message
     kept = normalise(record, 0, {"context": "metadata.ideal_context"})
     assert kept == {
         "input": "q",
@@ -757,3 +764,14 @@ def test_items_from_in_memory_errors_name_the_item():
     assert error_of(items_from, records).startswith(
         "item 1 (q1): fields 'reference' and 'ground_truth'"
     )
+
+
+@pytest.mark.parametrize("suffix", [".json", ".jsonl"])
+def test_an_unterminated_string_is_placed_once(tmp_path: Path, suffix: str) -> None:
+    """json says "Unterminated string starting at": the column follows it, no second "at"."""
+    path = tmp_path / f"data{suffix}"
+    text = '{"id": "a", "ground_truth": "x'
+    path.write_text(f"[{text}" if suffix == ".json" else text)
+    message = error_of(lambda: list(read_records(path)))
+    assert "Unterminated string starting at column" in message
+    assert " at at " not in message

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from recallq import estimate, prices
+from recallq.claim_cache import ClaimCache
 from recallq.judge import protocol
 from recallq.model_registry import LEXICAL, ModelConfig
 
@@ -76,8 +77,8 @@ def test_the_batch_price_is_the_listed_one_else_less_the_discount() -> None:
 
 
 def test_the_claim_cache_key_version_per_model() -> None:
-    assert estimate.prompt_version(LEXICAL) == "lexical-1"
-    assert estimate.prompt_version("gpt-4o-mini") == protocol.PROMPT_VERSION
+    assert ClaimCache.prompt_version(LEXICAL) == "lexical-1"
+    assert ClaimCache.prompt_version("gpt-4o-mini") == protocol.PROMPT_VERSION
 
 
 def _truths(n: int) -> list[str]:

@@ -63,3 +63,17 @@ def test_check_text() -> None:
     with pytest.raises(inputs.UnsafeInput, match="name contains a NUL character"):
         inputs.check_text("a\x00", "name")
     assert inputs.text_problem("\udfff") == "a lone UTF-16 surrogate"
+
+
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        ('{"a": "open', "invalid JSON: Unterminated string starting at column 7"),
+        ('{"a": 1 "b": 2}', "invalid JSON: Expecting ',' delimiter at column 9"),
+    ],
+)
+def test_json_errors_say_where_once(text: str, says: str) -> None:
+    with pytest.raises(inputs.UnsafeInput) as info:
+        inputs.loads(text, max_depth=8)
+    assert str(info.value) == f"body: {says}"
+    assert " at at " not in str(info.value)

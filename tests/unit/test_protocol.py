@@ -324,7 +324,7 @@ def test_packed_claims_keep_good_entries_and_drop_the_rest() -> None:
         {
             "items": [
                 {"index": 0, "claims": [" A. ", "", 7, "B"]},
-                {"index": 0, "claims": ["repeated index: ignored"]},
+                {"index": 0, "claims": ["repeated index: both entries of index 0 are dropped"]},
                 {"index": 3, "claims": ["out of range"]},
                 {"index": True, "claims": ["not an index"]},
                 {"index": 1, "claims": "not a list"},
@@ -334,7 +334,9 @@ def test_packed_claims_keep_good_entries_and_drop_the_rest() -> None:
         }
     )
     data = parse_answer(EXTRACTION_PACKED, content, "stop")
-    assert packed_claims(data, 3) == {0: ["A.", "B"], 2: []}
+    assert packed_claims(data, ["A. B", "C", "D"]) == {2: []}
+    del data["items"][1]  # index 0 answered once: kept, cleaned
+    assert packed_claims(data, ["A. B", "C", "D"]) == {0: ["A.", "B"], 2: []}
 
 
 def test_a_packed_answer_without_items_is_malformed() -> None:

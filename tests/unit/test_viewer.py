@@ -261,7 +261,7 @@ def test_the_compare_partial_draws_one_point_per_pair_and_links_changes() -> Non
     assert 'data-count="improved" data-value="1"' in html
     assert html.count("<circle") == 2 and "scatter-note" not in html
     assert re.search(
-        r'<tr data-item-id="q/1">\s*<td class="mono"><a href="/compare/items/q/1">', html
+        r'<tr data-item-id="q/1">\s*<td class="mono item-id"><a href="/compare/items/q/1">', html
     )
 
 

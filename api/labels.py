@@ -1,0 +1,346 @@
+"""HTTP routes of human labels and judge agreement (recallq.labels, recallq.agreement).
+
+    PUT|DELETE /v1/runs/{id}/items/{item_id}/claims/{index}/label   one claim (write)
+    GET        /v1/runs/{id}/labels[?format=jsonl|csv]               every label (read)
+    POST       /v1/runs/{id}/labels                                  import a file (write)
+    POST       /v1/runs/{id}/labels/sample                           draw a sample (write)
+    GET        /v1/runs/{id}/labels/sample[?format=csv]              the sample (read)
+    GET        /v1/runs/{id}/agreement?by=&against=                  statistics (read)
+
+Every route looks the run up in the key's project (another project's run is a 404).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Annotated, Any, Literal, TypeVar
+
+import anyio.to_thread
+from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from sqlalchemy.orm import Session
+
+from api import schemas
+from api.auth import Project, Writer
+from api.body import Pace, paced_chunks, too_large
+from api.errors import ApiError, not_found
+from api.routes import MetadataField, Rt, find_run, plausible_id
+from recallq import labels
+from recallq.models import Run
+from recallq.runtime import Runtime
+
+router = APIRouter(tags=["labels"])
+errors = schemas.error_responses
+T = TypeVar("T")
+ClaimIndex = Annotated[int, Path(ge=0, le=2**31 - 1, description="the claim's index")]
+
+
+def _plausible(value: str) -> str:
+    if not plausible_id(value):
+        raise ValueError("is not an id this API can hold")
+    return value
+
+
+RunId = Annotated[str, Path(description="a run of the key's project"), AfterValidator(_plausible)]
+
+
+class LabelBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    verdict: Literal["yes", "no"] = Field(description="does the context support the claim?")
+    note: str | None = Field(None, max_length=labels.MAX_NOTE_CHARS)
+
+
+class Label(schemas._Open):
+    item_id: str
+    claim_index: int
+    claim: str
+    judge_verdict: str | None = Field(description="the judge's verdict, unchanged by the label")
+    verdict: Literal["yes", "no"]
+    note: str | None
+    labelled_by: str | None = Field(description="the id of the key that labelled it")
+    labelled_at: str
+
+
+class Problem(BaseModel):
+    line: int
+    problem: str
+
+
+class ImportResult(BaseModel):
+    stored: int
+    skipped: int = Field(description="rows whose verdict is empty (left to fill in)")
+    problems: list[Problem] = Field(description=f"the first {labels.MAX_PROBLEMS}, by line")
+    problems_total: int
+
+
+class SampleBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    size: int = Field(ge=1, le=labels.MAX_SAMPLE, description="items to draw")
+    seed: int = Field(0, ge=0, le=2**62)
+
+
+class Sample(BaseModel):
+    seed: int
+    item_ids: list[str] = Field(description="in the order drawn (the labelling page's order)")
+
+
+class Confusion(BaseModel):
+    judge_yes_human_yes: int
+    judge_yes_human_no: int
+    judge_no_human_yes: int
+    judge_no_human_no: int
+
+
+class CorrectedEstimate(schemas._Open):
+    mean_score: float
+    mean_score_ci95: list[float]
+    claim_recall: float
+    claim_recall_ci95: list[float]
+    judge_mean_score: float
+    judge_claim_recall: float
+    labelled_items: int
+    method: Literal["ppi"]
+
+
+class Agreement(schemas._Open):
+    labelled_items: int
+    labelled_claims: int
+    agreement: float | None
+    kappa: float | None
+    kappa_ci95: list[float] | None
+    confusion: Confusion
+    precision: float | None
+    recall: float | None
+    sample: Literal["random", "chosen"] | None = Field(
+        None, description="random: labels on a drawn sample (corrected); chosen: hand-picked"
+    )
+    corrected: CorrectedEstimate | None = None
+
+
+def _in_run(runtime: Runtime, run_id: str, project: str, work: Callable[[Session, Run], T]) -> T:
+    """`work` on the project's run in one transaction; 404 for another project's run, and a
+    labels error as its status."""
+    with runtime.database.session() as session:
+        run = find_run(session, run_id, project)
+        if run is None:
+            raise not_found(f"run {run_id[:80]}")
+        try:
+            return work(session, run)
+        except labels.LabelError as exc:
+            code = {404: "not_found", 413: "body_too_large"}.get(exc.status, "invalid_request")
+            raise ApiError(exc.status, code, exc.message) from None
+
+
+LABEL_PATH = "/v1/runs/{run_id}/items/{item_id:path}/claims/{claim_index}/label"
+
+
+@router.put(LABEL_PATH, response_model=Label, responses=errors(401, 403, 404, 422))
+def put_label(
+    run_id: RunId,
+    item_id: str,
+    claim_index: ClaimIndex,
+    body: LabelBody,
+    runtime: Rt,
+    principal: Writer,
+) -> dict[str, Any]:
+    """Record a person's verdict on one claim (replacing an earlier label of it). The judge's
+    verdict is kept as it is."""
+    if not plausible_id(item_id):
+        raise not_found(f"item {item_id[:80]}")
+    return _in_run(
+        runtime,
+        run_id,
+        principal.project,
+        lambda s, run: labels.set_label(
+            s, run.id, item_id, claim_index, body.verdict, body.note, principal.key_id
+        ),
+    )
+
+
+@router.delete(LABEL_PATH, status_code=204, responses=errors(401, 403, 404, 422))
+def delete_label(
+    run_id: RunId, item_id: str, claim_index: ClaimIndex, runtime: Rt, principal: Writer
+) -> Response:
+    """Clear a claim's label (nothing happens when it has none)."""
+    if not plausible_id(item_id):
+        raise not_found(f"item {item_id[:80]}")
+    _in_run(
+        runtime,
+        run_id,
+        principal.project,
+        lambda s, run: labels.clear_label(s, run.id, item_id, claim_index),
+    )
+    return Response(status_code=204)
+
+
+@router.get(
+    "/v1/runs/{run_id}/labels",
+    response_model=None,
+    responses={
+        200: {
+            "description": '`{"labels": [...]}`, or the labels as JSONL or CSV',
+            "content": {
+                "application/json": {"schema": {"type": "object"}},
+                "application/x-ndjson": {"schema": {"type": "string"}},
+                "text/csv": {"schema": {"type": "string"}},
+            },
+        },
+        **errors(401, 404, 422),
+    },
+)
+def get_labels(
+    run_id: RunId,
+    runtime: Rt,
+    project: Project,
+    format: Literal["json", "jsonl", "csv"] = "json",
+) -> Any:
+    """Every label of the run, in item then claim order."""
+    found = _in_run(runtime, run_id, project, lambda s, run: labels.list_labels(s, run.id))
+    if format == "json":
+        return {"labels": found}
+    media = "text/csv" if format == "csv" else "application/x-ndjson"
+    return StreamingResponse(iter(labels.export_lines(found, format)), media_type=media)
+
+
+@router.post(
+    "/v1/runs/{run_id}/labels",
+    response_model=ImportResult,
+    openapi_extra={
+        "requestBody": {
+            "description": "a CSV (with a header) or JSONL file of labels: `item_id` and "
+            "`claim_index`, or `claim` (its text), with `verdict` (or `human_verdict`) "
+            "`yes`|`no` and an optional `note`",
+            "content": {
+                "text/csv": {"schema": {"type": "string"}},
+                "application/x-ndjson": {"schema": {"type": "string"}},
+            },
+        }
+    },
+    responses=errors(401, 403, 404, 408, 413, 422),
+)
+async def import_labels(
+    run_id: RunId, request: Request, runtime: Rt, principal: Writer
+) -> dict[str, Any]:
+    """Store the good rows of a labels file and answer each other row's problem by line
+    (unknown ids, bad verdicts, duplicate rows). Rows with an empty verdict are skipped."""
+    limit = labels.MAX_IMPORT_BYTES
+    chunks, size = [], 0
+    async for chunk in paced_chunks(request, Pace.of(runtime.settings)):
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit, "a labels file is")
+        chunks.append(chunk)
+    data = b"".join(chunks)
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    format = {"application/x-ndjson": "jsonl", "application/jsonl": "jsonl", "text/csv": "csv"}
+    result: dict[str, Any] = await anyio.to_thread.run_sync(
+        lambda: _in_run(
+            runtime,
+            run_id,
+            principal.project,
+            lambda s, run: _import(s, run, data, format.get(kind), principal.key_id),
+        )
+    )
+    return result
+
+
+def _import(
+    session: Session, run: Run, data: bytes, format: str | None, who: str | None
+) -> dict[str, Any]:
+    rows, unreadable = labels.parse_file(data, format)
+    result = labels.import_rows(session, run.id, rows, who)
+    problems = sorted([*unreadable, *result["problems"]], key=lambda p: p["line"])
+    return {
+        "stored": result["stored"],
+        "skipped": result["skipped"],
+        "problems": problems[: labels.MAX_PROBLEMS],
+        "problems_total": len(problems),
+    }
+
+
+@router.post(
+    "/v1/runs/{run_id}/labels/sample",
+    response_model=Sample,
+    responses=errors(401, 403, 404, 422),
+)
+def draw_sample(run_id: RunId, body: SampleBody, runtime: Rt, principal: Writer) -> dict[str, Any]:
+    """Draw `size` items at random (seeded) among the run's scored items with claims, to be
+    labelled. The draw is kept: labels on its items correct the mean (`corrected`). A new
+    draw replaces the old one."""
+    keys = _in_run(
+        runtime,
+        run_id,
+        principal.project,
+        lambda s, run: labels.draw_sample(s, run, body.size, body.seed, principal.key_id),
+    )
+    return {"seed": body.seed, "item_ids": keys}
+
+
+@router.get(
+    "/v1/runs/{run_id}/labels/sample",
+    response_model=None,
+    responses={
+        200: {
+            "description": "the sample (`seed`, `item_ids`), or with `format=csv` every claim "
+            "of its items as rows to fill in",
+            "content": {
+                "application/json": {"schema": Sample.model_json_schema()},
+                "text/csv": {"schema": {"type": "string"}},
+            },
+        },
+        **errors(401, 404, 422),
+    },
+)
+def get_sample(
+    run_id: RunId, runtime: Rt, project: Project, format: Literal["json", "csv"] = "json"
+) -> Any:
+    """The run's drawn sample; 404 when none was drawn."""
+
+    def read(session: Session, run: Run) -> Any:
+        drawn = labels.sample_of(session, run.id)
+        if drawn is None:
+            raise labels.LabelError(f"run {run.id} has no sample drawn", 404)
+        if format == "json":
+            return {"seed": drawn.seed, "item_ids": drawn.item_keys}
+        return list(labels.sample_lines(labels.sample_rows(session, run, drawn.item_keys)))
+
+    found = _in_run(runtime, run_id, project, read)
+    if format == "json":
+        return found
+    return StreamingResponse(iter(found), media_type="text/csv")
+
+
+@router.get(
+    "/v1/runs/{run_id}/agreement",
+    response_model=Agreement,
+    responses=errors(401, 404, 422),
+)
+def get_agreement(
+    run_id: RunId,
+    runtime: Rt,
+    project: Project,
+    by: MetadataField = None,
+    against: Annotated[
+        str | None,
+        Query(max_length=200, description="another run of the same claims: judge vs judge"),
+        AfterValidator(lambda v: v if v is None else _plausible(v)),
+    ] = None,
+) -> JSONResponse:
+    """How far the judge agrees with the labels: counts, raw agreement, Cohen's kappa with a
+    95% interval, the confusion matrix, the judge's precision and recall on "yes", the
+    claims they disagree on, and for a drawn sample the corrected mean score and claim
+    recall (prediction-powered, 95% intervals). With `against`, the other run's verdicts on
+    the same claims take the labels' place (`flip_rate`, `flipped`)."""
+
+    def read(session: Session, run: Run) -> dict[str, Any]:
+        if against is None:
+            return labels.agreement_view(session, run, by)
+        other = find_run(session, against, project)
+        if other is None:
+            raise labels.LabelError(f"run {against[:80]} not found", 404)
+        return labels.against_view(session, run, other)
+
+    return JSONResponse(_in_run(runtime, run_id, project, read))

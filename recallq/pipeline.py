@@ -1,0 +1,280 @@
+"""The item pipeline's rules: from what is known about an item and the answer or error just
+received, to what happens to the item next. Pure: no I/O, no clock, no model call.
+
+    start(ground truth)              no ground truth ─► Scored (0, no call)
+    claims_found(claims)             none ─► Scored (0) │ Claims: store them, attribute next
+    before_attribution(claims, ctx)  no context ─► Scored (every claim "no", no call)
+    read_answer / malformed          a malformed answer ─► Repair (once) ─► Failed; one
+                                     over the answer limits ─► Failed (never repaired)
+    packed_claims_found              a packed answer's items that it leaves out (all of them,
+                                     if malformed) are extracted alone
+    verdicts_found(answer, asked)    Verdicts (score) │ AskAgain (once, the claims left
+                                     without one) │ Failed
+    line_failed / after_error        Retry │ Failed; Retry ─► wait_or_give_up ─► Wait │ Failed
+                                     (the run's retry deadline, in seconds)
+
+Two drivers apply these decisions: the online engine (recallq.engine) one call after the
+other, the provider batch lane (recallq.batch_lane, recallq.batch_requests) one batch after
+the other. The score and its reason are recallq.scoring's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from recallq import scoring
+from recallq.judge import protocol
+from recallq.judge.base import JudgeError, MalformedAnswer, PackedReply, Repair, TryLater, Usage
+
+__all__ = [
+    "AskAgain",
+    "Claims",
+    "Decision",
+    "Failed",
+    "Repair",
+    "Retry",
+    "Scored",
+    "Verdicts",
+    "Wait",
+]
+
+
+# --- decisions ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Claims:
+    """Extraction answered: the item's claims (to store, then attribute; see claims_found)."""
+
+    claims: list[str]
+
+
+@dataclass(frozen=True)
+class Scored:
+    """The item ends with this outcome without another call; `verdicts`, when given, are
+    stored with it."""
+
+    outcome: scoring.Outcome
+    verdicts: dict[int, scoring.Verdict] | None = None
+
+
+@dataclass(frozen=True)
+class Verdicts:
+    """Attribution answered: a verdict for every claim (the item can be scored)."""
+
+    verdicts: dict[int, scoring.Verdict]
+
+
+@dataclass(frozen=True)
+class AskAgain:
+    """Claims left without a verdict: asked again once, keeping the verdicts given."""
+
+    missing: list[int]
+    verdicts: dict[int, scoring.Verdict]
+
+
+@dataclass(frozen=True)
+class Failed:
+    """The item fails with this error (and no further request)."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class Retry:
+    """A transient failure: the same request goes again later (see wait_or_give_up)."""
+
+    error: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    """The item waits and the same request goes again: after `delay_s` seconds (None: at the
+    driver's next chance, a later batch). `since_s` (unix seconds) is when the item started
+    waiting out a provider problem, the start of its retry deadline; None when this wait does
+    not count towards it."""
+
+    since_s: float | None
+    delay_s: float | None = None
+
+
+Decision = Claims | Scored | Verdicts | AskAgain | Repair | Failed | Retry | Wait
+
+
+# --- what users read --------------------------------------------------------------------------
+
+
+def no_verdict_error(missing: Sequence[int]) -> str:
+    return f"the judge gave no verdict for claim(s) {', '.join(map(str, missing))}, asked twice"
+
+
+def malformed_error(schema: str, problem: str) -> str:
+    return f"{schema}: malformed answer after a repair request: {problem}"
+
+
+def too_large_error(schema: str, problem: str) -> str:
+    return f"{schema}: {problem}"
+
+
+def deadline_error(deadline_s: float, error: str) -> str:
+    return f"gave up after the run's retry deadline ({deadline_s:g} s) passed: {error}"
+
+
+# --- before any call --------------------------------------------------------------------------
+
+
+def start(ground_truth: str | None) -> Scored | None:
+    """An item with no ground truth scores 0 without a call; None: extract its claims."""
+    return Scored(scoring.no_ground_truth()) if ground_truth is None else None
+
+
+def claims_found(claims: Sequence[str]) -> Claims | Scored:
+    """Claims known (answered or from the claim cache): none scores 0, else store them."""
+    return Claims(list(claims)) if claims else Scored(scoring.no_claims())
+
+
+def before_attribution(claims: Sequence[str], contexts: Sequence[str]) -> Scored | None:
+    """With no context every claim is "no" and no call is made; None: attribute."""
+    if contexts:
+        return None
+    return Scored(scoring.no_context(list(claims)), scoring.no_context_verdicts(len(claims)))
+
+
+# --- answers --------------------------------------------------------------------------------
+
+
+def malformed(
+    schema: str, answer: str | None, problem: str, repaired: bool, repairable: bool = True
+) -> Repair | Failed:
+    """A malformed answer is repaired once: asked again with the answer and the problem. One
+    over the answer limits (not `repairable`) is never: the item fails with the problem."""
+    if not repairable:
+        return Failed(too_large_error(schema, problem))
+    return Failed(malformed_error(schema, problem)) if repaired else Repair(answer, problem)
+
+
+def malformed_answer(exc: MalformedAnswer, repaired: bool) -> Repair | Failed:
+    return malformed(exc.schema, exc.answer, exc.problem, repaired, exc.repairable)
+
+
+def read_answer(
+    schema: str,
+    content: str | None,
+    finish_reason: str | None,
+    repaired: bool,
+    limits: protocol.AnswerLimits = protocol.DEFAULT_LIMITS,
+    redact: protocol.Redact | None = None,
+) -> dict[str, Any] | Repair | Failed:
+    """A raw answer (a batch result line) in the schema's shape, within the answer limits and
+    with secrets out of it (`redact`), or what its malformation means for the item."""
+    try:
+        return protocol.parse_answer(schema, content, finish_reason, limits, redact)
+    except protocol.AnswerTooLarge as too_large:
+        return malformed(schema, None, str(too_large), repaired, repairable=False)
+    except protocol.ProtocolError as problem:
+        return malformed(schema, content, str(problem), repaired)
+
+
+def packed_claims_found(reply: PackedReply | None) -> dict[int, list[str]]:
+    """Claims by index in the pack. A packed answer is never repaired: an item it leaves out,
+    and every item of a malformed or refused one (None), is extracted alone."""
+    return {} if reply is None else reply.claims
+
+
+def verdicts_found(
+    raw: Any,
+    asked: Sequence[int],
+    n_contexts: int,
+    kept: dict[int, scoring.Verdict],
+    reask: bool,
+) -> Verdicts | AskAgain | Failed:
+    """An attribution answer's verdicts, for the claims at `asked` (the answer numbers them
+    0.., in that order), with those `kept` from an earlier answer. Claims left without one
+    are asked again once (`reask`: this was that second asking)."""
+    matched, missing_at = scoring.match_verdicts(raw, len(asked), n_contexts)
+    verdicts = kept | {
+        asked[j]: scoring.Verdict(asked[j], v.verdict, v.context_indices, v.reason)
+        for j, v in matched.items()
+    }
+    missing = [asked[j] for j in missing_at]
+    if not missing:
+        return Verdicts(verdicts)
+    if reask:
+        return Failed(no_verdict_error(missing))
+    return AskAgain(missing, verdicts)
+
+
+def split_usage(usage: Usage, parts: int, weights: Sequence[int] | None = None) -> list[Usage]:
+    """A packed call's usage as `parts` shares that add up to it exactly, each item's in
+    proportion to its `weight` (its share of the prompt: the length of its ground truth;
+    evenly without weights). The first share carries the call itself (llm_calls, attempts)
+    and the tokens left by rounding down, so a run's totals count every call once. Every
+    share is extraction's: the drivers book it under the stage of the call."""
+    weights = [max(0, w) for w in weights] if weights is not None else [1] * parts
+    total = sum(weights)
+    if total == 0:
+        weights, total = [1] * parts, parts
+    prompts = [usage.prompt_tokens * w // total for w in weights]
+    completions = [usage.completion_tokens * w // total for w in weights]
+    costs = [usage.cost_usd * w / total for w in weights]
+    prompts[0] += usage.prompt_tokens - sum(prompts)
+    completions[0] += usage.completion_tokens - sum(completions)
+    costs[0] = usage.cost_usd - sum(costs[1:])
+    shares = [Usage(0, p, c, cost) for p, c, cost in zip(prompts, completions, costs, strict=True)]
+    shares[0] = Usage(
+        usage.llm_calls,
+        prompts[0],
+        completions[0],
+        costs[0],
+        usage.call_attempts,
+        usage.failed_calls,
+    )
+    return shares
+
+
+def scored(claims: Sequence[str], verdicts: dict[int, scoring.Verdict], scale: float) -> Scored:
+    return Scored(scoring.score_claims(list(claims), verdicts, scale), verdicts)
+
+
+# --- failures -------------------------------------------------------------------------------
+
+
+def line_failed(error: str, transient: bool) -> Retry | Failed:
+    """A request the provider did not answer: transient ones go again, others fail."""
+    return Retry(error) if transient else Failed(error)
+
+
+def retry_deadline_s(run_deadline_s: float | None, default_s: float) -> float:
+    """How long an item may wait out a provider problem: its run's deadline, else the
+    setting."""
+    return default_s if run_deadline_s is None else run_deadline_s
+
+
+def wait_or_give_up(
+    error: str,
+    waiting_since_s: float | None,
+    now_s: float,
+    deadline_s: float,
+    delay_s: float | None = None,
+) -> Wait | Failed:
+    """A transient failure waits and goes again, until the run's retry deadline has passed
+    since the item started waiting (now, if it was not waiting); then the item fails."""
+    since = now_s if waiting_since_s is None else waiting_since_s
+    if now_s - since >= deadline_s:
+        return Failed(deadline_error(deadline_s, error))
+    return Wait(since, delay_s)
+
+
+def after_error(
+    exc: JudgeError, waiting_since_s: float | None, now_s: float, deadline_s: float
+) -> Wait | Failed:
+    """An online call that failed. One that cannot succeed now (TryLater) waits its delay:
+    rate-limit room that is sure to come, outside the deadline; a provider incident, within
+    it. Any other error fails the item with its message."""
+    if not isinstance(exc, TryLater):
+        return Failed(str(exc))
+    if not exc.counts_towards_deadline:
+        return Wait(waiting_since_s, exc.delay)
+    return wait_or_give_up(str(exc), waiting_since_s, now_s, deadline_s, exc.delay)

@@ -1,0 +1,58 @@
+"""`recallq rejudge`: a local run's claims attributed again by another judge, through litellm
+to the stub, without one extraction call; `agreement --against` compares the two judges."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from tests.services import REPO, write_models_file
+
+
+def _recallq(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "recallq.cli", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def test_rejudge_attributes_the_same_claims_with_another_model(
+    tmp_path: Path, clean_stub: Any
+) -> None:
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith("RECALLQ_")},
+        "RECALLQ_DATABASE_URL": f"sqlite:///{tmp_path / 'rejudge.db'}",
+        "RECALLQ_MODELS_FILE": str(write_models_file(tmp_path, clean_stub.base_url)),
+        "STUB_API_KEY": "sk-stub-secret",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
+    done = _recallq(env, tmp_path, "run", str(REPO / "examples" / "eval_set.jsonl"), "--quiet")
+    assert done.returncode == 0, done.stderr
+    (source,) = json.loads(_recallq(env, tmp_path, "runs", "--json").stdout)
+
+    again = _recallq(env, tmp_path, "rejudge", source["id"], "--model", "stub-judge", "--quiet")
+    assert again.returncode == 0, again.stderr
+    runs = json.loads(_recallq(env, tmp_path, "runs", "--json").stdout)
+    (new,) = [run for run in runs if run["id"] != source["id"]]
+    assert new["model"] == "stub-judge" and new["counts"]["succeeded"] == 24
+    schemas = clean_stub.stats()["by_schema"]
+    assert schemas.get("claim_attribution", 0) > 0
+    assert not schemas.get("claim_extraction") and not schemas.get("claim_extraction_packed")
+
+    shown = _recallq(env, tmp_path, "agreement", new["id"], "--against", source["id"], "--json")
+    assert shown.returncode == 0, shown.stderr
+    body = json.loads(shown.stdout)
+    # every claim of the source's scored items is compared: the texts are the same
+    assert body["labelled_claims"] == source["summary"]["claims_total"]
+    assert body["flip_rate"] is not None and body["kappa"] is not None
+
+    remote = _recallq({**env, "RECALLQ_API_URL": "http://127.0.0.1:9"}, tmp_path, "rejudge", "x")
+    assert remote.returncode == 2 and "local runs" in remote.stderr

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
+from recallq.status import RUN_ACTIVE, PublicItemStatus, RunStatus
+
 
 class Exit(IntEnum):
     OK = 0
@@ -53,16 +55,16 @@ def number(value: float) -> str:
 def misses(view: dict[str, Any], gate: Gate) -> list[str]:
     """Why the run (a run view) fails: one sentence per reason; empty when it passes."""
     counts, status = view["counts"], view["status"]
-    if status in ("queued", "running"):
-        unended = counts["pending"] + counts["running"]
+    if status in RUN_ACTIVE:
+        unended = counts[PublicItemStatus.PENDING] + counts[PublicItemStatus.RUNNING]
         return [
             f"run {view['id']} is {status}: {unended} of {counts['total']} items not scored yet"
         ]
     reasons = []
-    if status == "cancelled":
+    if status == RunStatus.CANCELLED:
         why = view.get("cancel_reason")
         reasons.append(f"run {view['id']} was cancelled" + (f" ({why})" if why else ""))
-    failed, allowed = counts["failed"], gate.max_failed or 0
+    failed, allowed = counts[PublicItemStatus.FAILED], gate.max_failed or 0
     if failed > allowed:
         items = "item" if failed == 1 else "items"
         reasons.append(
@@ -96,6 +98,6 @@ def passed_line(view: dict[str, Any], gate: Gate) -> str:
     mean = view["summary"]["mean_score"]
     if gate.min_score is not None and mean is not None:
         parts.append(f"mean score {number(mean)} >= --min-score {number(gate.min_score)}")
-    failed = view["counts"]["failed"]
+    failed = view["counts"][PublicItemStatus.FAILED]
     parts.append(f"{failed} failed <= --max-failed {gate.max_failed or 0}")
     return "gate passed: " + ", ".join(parts)

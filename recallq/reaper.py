@@ -3,9 +3,9 @@
 One worker per interval sweeps (an ExclusiveTurn, recallq.coordination.periodic), every
 `reaper_interval` seconds. Lost work comes back within the heartbeat TTL plus one interval,
 whatever held it:
-- Redis lost its data (restarted without persistence, or flushed; recallq.broker.BrokerEpochs
-  tells from Postgres, whoever started first): every queued or running item of a running run
-  lost its message, so all of them go back to the queue;
+- Redis lost its data (restarted without persistence, or flushed; the broker epoch,
+  recallq.coordination.epoch, tells from Postgres, whoever started first): every queued or
+  running item of a running run lost its message, so all of them go back to the queue;
 - running items whose worker stopped heart-beating (SIGKILL, OOM) or whose lease ran out
   (a task that ended without settling its items hands them back: `HandBack`);
 - items of messages a dead worker held (received, prefetched or mid-stage: its HeldItems),
@@ -27,15 +27,16 @@ from typing import Any
 from redis import Redis
 from sqlalchemy import and_, or_, select
 
-from recallq.broker import BrokerEpochs, forget_unacknowledged, queued_items, unacknowledged
+from recallq.broker import forget_unacknowledged, queued_items, unacknowledged
 from recallq.coordination import keys
+from recallq.coordination.epoch import BrokerEpochs
 from recallq.coordination.liveness import Heartbeat, forget_held, held_by, worker_of
 from recallq.coordination.periodic import ExclusiveTurn
 from recallq.db import Database
 from recallq.engine import WorkQueue
-from recallq.models import Item, Run, as_utc, utcnow
 from recallq.status import RUN_ACTIVE, ItemStatus, RunStatus
 from recallq.store import ItemStore
+from recallq.tables import Item, Run, as_utc, utcnow
 
 log = logging.getLogger(__name__)
 

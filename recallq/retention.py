@@ -16,8 +16,8 @@ from redis import Redis
 from recallq.coordination import keys
 from recallq.coordination.gate import CallGate
 from recallq.coordination.periodic import ExclusiveTurn
-from recallq.models import utcnow
 from recallq.store import RunStore
+from recallq.tables import utcnow
 
 log = logging.getLogger(__name__)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 PREFIX = "recallq:"
 
 #: The broker's epoch (a Redis run_id), also kept in Postgres: while Redis keeps its data,
-#: the two agree (recallq.broker.BrokerEpochs).
+#: the two agree (recallq.coordination.epoch.BrokerEpochs).
 BROKER_EPOCH = PREFIX + "broker-epoch"
 #: Held by the one worker sweeping for lost work.
 REAPER_LOCK = PREFIX + "reaper-lock"

@@ -72,7 +72,7 @@ class Periodic:
         self.next_at = now + self.interval
         try:
             self.job()
-        except Exception:  # noqa: BLE001  (an outage must not kill the thread)
+        except Exception:  # an outage must not kill the thread
             log.warning("%s failed; again in %.1f s", self.name, self.interval, exc_info=True)
         return True
 

@@ -3,7 +3,7 @@ module's own, with the stages called in-process (the judge is a double at the LL
 
 - one primitive for exclusive periodic work (recallq.coordination.periodic);
 - the broker's epoch, remembered in Postgres, tells a Redis that lost its data whoever
-  starts first (recallq.broker.BrokerEpochs);
+  starts first (recallq.coordination.epoch.BrokerEpochs);
 - a message a dead worker held comes back although the database names a live owner (the
   worker that sent it), and is left alone while a live owner holds it.
 """
@@ -15,16 +15,18 @@ import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from datetime import timedelta
+from typing import cast
 
 import pytest
 from celery import Celery
-from kombu import Connection, Exchange, Queue
+from kombu.connection import Connection
+from kombu.entity import Exchange, Queue
 from redis import Redis
 from sqlalchemy import select, update
 
 from recallq import broker, ingest
-from recallq.broker import BrokerEpochs
 from recallq.coordination import keys
+from recallq.coordination.epoch import BrokerEpochs
 from recallq.coordination.liveness import HeldItems, held_by
 from recallq.coordination.periodic import (
     LOCK_FLOOR,
@@ -34,13 +36,14 @@ from recallq.coordination.periodic import (
     turn_ms,
 )
 from recallq.db import Database
-from recallq.judge.base import JudgeReply, Usage
-from recallq.models import Item, utcnow
+from recallq.judge.base import Judge, JudgeReply
 from recallq.outcomes import Continue, Taken
 from recallq.reaper import HandBack
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.status import ItemStatus
+from recallq.tables import Item, utcnow
+from recallq.usage import Usage
 from tests.services import RedisServer, migrated_database
 
 MODEL = "lost-work-probe"
@@ -113,7 +116,9 @@ def workers(
     made: list[Runtime] = []
 
     def worker(worker_id: str) -> Runtime:
-        runtime = Runtime.distributed(settings, queue, worker_id=worker_id, judges={MODEL: judge})
+        runtime = Runtime.distributed(
+            settings, queue, worker_id=worker_id, judges={MODEL: cast(Judge, judge)}
+        )
         made.append(runtime)
         return runtime
 
@@ -290,7 +295,7 @@ def test_a_message_a_worker_died_with_before_noting_it_comes_back(
     reaper = sender.reaper()
     assert reaper.sweep() == 0  # delivered just now: its worker may still note it
 
-    for tag in redis.zrange(broker.UNACKED_INDEX, 0, -1):
+    for tag in cast(list[bytes], redis.zrange(broker.UNACKED_INDEX, 0, -1)):
         redis.zadd(broker.UNACKED_INDEX, {tag: time.time() - 2 * sender.heartbeat.ttl})
     assert reaper.sweep() == 1
     assert _item(sender, item_id).status == ItemStatus.QUEUED

@@ -9,6 +9,7 @@ deadline: only the heartbeats, the held messages and the broker's epoch can.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from typing import cast
 
 import pytest
 from redis import Redis
@@ -109,18 +110,18 @@ def _unended(database_url: str, run_id: str) -> list[dict[str, object]]:
         engine.dispose()
 
 
-def _completes_within_bound(api: str, run_id: str, env: dict[str, str], stub, tag: str) -> None:  # type: ignore[no-untyped-def]
+def _completes_within_bound(api: str, run_id: str, env: dict[str, str], stub, tag: str) -> None:
     try:
         run = wait_for_run(api, run_id, timeout=WITHIN)
     except TimeoutError as exc:  # not within the bound
-        redis = Redis.from_url(env["RECALLQ_REDIS_URL"])
-        found = {k.decode(): redis.type(k).decode() for k in redis.keys("recallq:*")}
-        held = {k: redis.smembers(k) for k, kind in found.items() if k.startswith("recallq:held")}
+        redis = Redis.from_url(env["RECALLQ_REDIS_URL"], decode_responses=True)
+        found = cast(list[str], redis.keys("recallq:*"))
+        held = {k: redis.smembers(k) for k in found if k.startswith("recallq:held:")}
         raise AssertionError((_unended(env["RECALLQ_DATABASE_URL"], run_id), found, held)) from exc
     assert_exactly_once(env["RECALLQ_DATABASE_URL"], run, calls_for_tag(stub, tag), crashed=True)
 
 
-def test_a_redis_restart_and_a_sigkilled_worker(  # type: ignore[no-untyped-def]
+def test_a_redis_restart_and_a_sigkilled_worker(
     api, workers, fault_env, clean_stub, redis_server
 ) -> None:
     clean_stub.configure(latency_ms=100)
@@ -134,7 +135,7 @@ def test_a_redis_restart_and_a_sigkilled_worker(  # type: ignore[no-untyped-def]
     assert "broker lost its data" in workers[1].output() + workers[0].output()
 
 
-def test_two_sigkilled_workers(api, workers, fault_env, clean_stub) -> None:  # type: ignore[no-untyped-def]
+def test_two_sigkilled_workers(api, workers, fault_env, clean_stub) -> None:
     clean_stub.configure(latency_ms=100)
     workers += [start_worker(fault_env, concurrency=8) for _ in range(3)]
     run_id = submit(api, make_items("kk", ITEMS))
@@ -145,7 +146,7 @@ def test_two_sigkilled_workers(api, workers, fault_env, clean_stub) -> None:  # 
     _completes_within_bound(api, run_id, fault_env, clean_stub, "kk")
 
 
-def test_a_worker_started_after_redis_lost_its_data_requeues(  # type: ignore[no-untyped-def]
+def test_a_worker_started_after_redis_lost_its_data_requeues(
     api, workers, fault_env, clean_stub, redis_server
 ) -> None:
     clean_stub.configure(latency_ms=100)

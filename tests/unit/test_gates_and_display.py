@@ -108,7 +108,7 @@ def view(**changes: Any) -> dict[str, Any]:
         ),
     ],
 )
-def test_exit_codes_and_reasons(run, gate, code, reasons) -> None:  # type: ignore[no-untyped-def]
+def test_exit_codes_and_reasons(run, gate, code, reasons) -> None:
     assert gates.exit_code(run, gate) == (code, reasons)
 
 
@@ -177,7 +177,7 @@ def test_summary_uses_the_field_names() -> None:
 
 
 def test_summary_by_group() -> None:
-    groups = {
+    groups: dict[str, dict[str, Any]] = {
         "a": {"items": 3, "scored_items": 3, "failed": 0, "mean_score": 0.5},
         "(missing)": {"items": 1, "scored_items": 0, "failed": 1, "mean_score": None},
     }

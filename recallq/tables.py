@@ -183,7 +183,7 @@ class KeptView(Base):
 class BrokerEpoch(Base):
     """The broker's epoch as the reaper last saw it: Redis's `run_id` then, also kept in a
     Redis key. A Redis that lost its data lacks that key whoever starts first, while this row
-    survives in Postgres (see recallq.broker.BrokerEpochs)."""
+    survives in Postgres (see recallq.coordination.epoch.BrokerEpochs)."""
 
     __tablename__ = "broker_epoch"
 

@@ -49,6 +49,9 @@ class Summary(_Open):
     claims_total: int
     claims_attributed: int
     no_ground_truth: int = Field(description="scored 0: nothing to check, not a retrieval miss")
+    no_context: int = Field(
+        0, description="scored 0: no passage was retrieved for it (usually a pipeline bug)"
+    )
 
 
 class Spent(_Open):

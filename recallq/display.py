@@ -134,12 +134,13 @@ def summary_lines(
     rows.append(("mean_score", _score(summary["mean_score"])))
     if view.get("scale", 1) != 1:
         rows.append(("scale", f"{view['scale']:g}"))
-    no_truth = summary.get("no_ground_truth", 0)
-    if no_truth:
-        items = "item" if no_truth == 1 else "items"
-        rows.append(
-            ("no_ground_truth", f"{no_truth} {items} scored 0: no ground truth to check against")
-        )
+    for key, why in (
+        ("no_ground_truth", "no ground truth to check against"),
+        ("no_context", "no context was retrieved (check what feeds the contexts)"),
+    ):
+        if summary.get(key):
+            items = "item" if summary[key] == 1 else "items"
+            rows.append((key, f"{summary[key]} {items} scored 0: {why}"))
     rows.append(
         (
             "claims_attributed",

@@ -36,15 +36,22 @@ class CommandError(Exception):
 @dataclass(frozen=True)
 class Gate:
     """Thresholds a run must meet: its mean score at least `min_score` (in the run's scale),
-    and at most `max_failed` failed items (0 unless given)."""
+    at most `max_failed` failed items (0 unless given) and, when given, at most
+    `max_no_context` items scored without any context."""
 
     min_score: float | None = None
     max_failed: int | None = None
+    max_no_context: int | None = None
 
     @classmethod
     def of(cls, options: Any) -> Gate:
-        """The thresholds in parsed command-line options (--min-score, --max-failed)."""
-        return cls(getattr(options, "min_score", None), getattr(options, "max_failed", None))
+        """The thresholds in parsed command-line options (--min-score, --max-failed,
+        --max-no-context)."""
+        return cls(
+            getattr(options, "min_score", None),
+            getattr(options, "max_failed", None),
+            getattr(options, "max_no_context", None),
+        )
 
 
 def number(value: float) -> str:
@@ -71,6 +78,13 @@ def misses(view: dict[str, Any], gate: Gate) -> list[str]:
             f"{failed} {items} failed, more than --max-failed {gate.max_failed}"
             if gate.max_failed is not None
             else f"{failed} {items} failed (allow some with --max-failed N)"
+        )
+    no_context = view["summary"].get("no_context", 0)
+    if gate.max_no_context is not None and no_context > gate.max_no_context:
+        items = "item was" if no_context == 1 else "items were"
+        reasons.append(
+            f"{no_context} {items} scored without any context, more than --max-no-context "
+            f"{gate.max_no_context}"
         )
     if gate.min_score is not None:
         mean = view["summary"]["mean_score"]
@@ -100,4 +114,7 @@ def passed_line(view: dict[str, Any], gate: Gate) -> str:
         parts.append(f"mean score {number(mean)} >= --min-score {number(gate.min_score)}")
     failed = view["counts"][PublicItemStatus.FAILED]
     parts.append(f"{failed} failed <= --max-failed {gate.max_failed or 0}")
+    if gate.max_no_context is not None:
+        no_context = view["summary"].get("no_context", 0)
+        parts.append(f"{no_context} without context <= --max-no-context {gate.max_no_context}")
     return "gate passed: " + ", ".join(parts)

@@ -77,6 +77,11 @@ def _aggregate_columns(scale: Any, details: bool) -> list[ColumnElement[Any]]:
         func.count(Item.score).filter(ok).label("scored"),
         func.avg(Item.score * Item.score).filter(ok).label("mean_square"),
         func.count().filter(ok, Item.ground_truth.is_(None)).label("no_ground_truth"),
+        # an item scored against no passage (recallq.pipeline's no-context rule): its own
+        # resolved context is an empty list; None means the run's static context
+        func.count()
+        .filter(ok, Item.ground_truth.is_not(None), cast(Item.contexts, Text) == "[]")
+        .label("no_context"),
         total(Item.claims_total).label("claims_total"),
         total(Item.claims_attributed).label("claims_attributed"),
         total(Item.llm_calls).label("llm_calls"),
@@ -128,6 +133,7 @@ class RunAggregates:
     scored: int
     mean_square: float | None
     no_ground_truth: int
+    no_context: int
     claims_total: int
     claims_attributed: int
     #: every stage's usage; `extraction` is the extraction stage's part of it
@@ -146,7 +152,7 @@ class RunAggregates:
         must not fail for it)."""
         if row is None:
             return cls(
-                {status: 0 for status in _STATUSES}, None, 0, None, 0, 0, 0, NO_USAGE, NO_USAGE,
+                {status: 0 for status in _STATUSES}, None, 0, None, 0, 0, 0, 0, NO_USAGE, NO_USAGE,
                 0, 0, [0] * HISTOGRAM_BUCKETS if details else None, [] if details else None,
             )  # fmt: skip
         return cls(
@@ -155,6 +161,7 @@ class RunAggregates:
             scored=int(row["scored"]),
             mean_square=_float(row["mean_square"]),
             no_ground_truth=int(row["no_ground_truth"]),
+            no_context=int(row["no_context"]),
             claims_total=int(row["claims_total"]),
             claims_attributed=int(row["claims_attributed"]),
             usage=Usage(
@@ -251,6 +258,8 @@ def _view(session: Session, run: Run, aggregates: RunAggregates, details: bool) 
         "claims_attributed": a.claims_attributed,
         # scored 0 because there was nothing to check, not because retrieval missed
         "no_ground_truth": a.no_ground_truth,
+        # scored 0 because no passage was retrieved: usually the pipeline feeding recallq
+        "no_context": a.no_context,
     }
     if details and a.histogram is not None:
         edges = [round(run.scale * i / HISTOGRAM_BUCKETS, 6) for i in range(HISTOGRAM_BUCKETS + 1)]

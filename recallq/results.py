@@ -58,8 +58,8 @@ class Result:
 
     @property
     def summary(self) -> dict[str, Any]:
-        """mean_score, scored_items, claims_total, claims_attributed, no_ground_truth (items
-        scored 0 because they had none) and the score histogram."""
+        """mean_score, scored_items, claims_total, claims_attributed, no_ground_truth and
+        no_context (items scored 0 because they had none) and the score histogram."""
         summary: dict[str, Any] = self.run["summary"]
         return summary
 

@@ -83,6 +83,11 @@ def _add_gate(parser: argparse.ArgumentParser) -> None:
         type=_non_negative_int,
         help="exit 1 when more items than this failed (default 0)",
     )
+    parser.add_argument(
+        "--max-no-context",
+        type=_non_negative_int,
+        help="exit 1 when more items than this were scored without any context",
+    )
 
 
 def _add_api(parser: argparse.ArgumentParser) -> None:

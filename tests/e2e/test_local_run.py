@@ -43,6 +43,13 @@ def test_example_runs_offline_with_a_summary(tmp_path: Path) -> None:
     assert by_id["medical-amoxicillin-no-context"]["score"] == 0
     assert all(c["verdict"] == "no" for c in by_id["medical-amoxicillin-no-context"]["claims"])
     assert any(0 < r["score"] < 1 for r in results)
+    # the example's item without passages is counted apart, not taken for a retrieval miss
+    assert "no_context         1 item scored 0: no context was retrieved" in done.stdout
+    gated = recallq_run(
+        [str(REPO / "examples" / "eval_set.jsonl"), "--max-no-context", "0"], tmp_path
+    )
+    assert gated.returncode == 1
+    assert "1 item was scored without any context, more than --max-no-context 0" in gated.stderr
 
 
 def test_same_scenarios_through_the_stub_on_sqlite(tmp_path: Path, clean_stub) -> None:

@@ -180,6 +180,19 @@ def test_no_ground_truth_is_counted_apart(api: str, score) -> None:
     assert summary["no_ground_truth"] == 2 and summary["scored_items"] == 3
 
 
+def test_no_context_is_counted_apart(api: str, score) -> None:
+    items: list[dict[str, Any]] = [
+        {"id": "empty", "ground_truth": "Cats purr.", "context": []},
+        {"id": "neither", "ground_truth": None, "context": []},  # counted as no ground truth
+        {"id": "fine", "ground_truth": "Cats purr.", "context": ["Cats purr."]},
+    ]
+    run_id = _submit(api, items)["id"]
+    score(run_id)
+    summary = httpx.get(f"{api}/v1/runs/{run_id}").json()["summary"]
+    assert summary["no_context"] == 1 and summary["no_ground_truth"] == 1
+    assert summary["scored_items"] == 3
+
+
 def test_runs_newest_first_paged_and_filtered(api: str) -> None:
     name = f"paging-{time.time_ns()}"
     made = [_submit(api, [{"id": "a", "context": ["c"]}], name=name)["id"] for _ in range(5)]

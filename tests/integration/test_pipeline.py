@@ -128,6 +128,7 @@ def test_run_through_api_and_worker(services, clean_stub) -> None:
         "claims_total": 2 + 3 + 0 + 1 + 1,
         "claims_attributed": 2 + 2 + 0 + 0 + 1,
         "no_ground_truth": 1,  # scored 0 without a call, and counted apart
+        "no_context": 1,  # likewise: its context is empty
         "histogram": {"edges": [0.0, 0.2, 0.4, 0.6, 0.8, 1.0], "counts": [2, 0, 0, 1, 2]},
     }
     assert run["failures"] == []

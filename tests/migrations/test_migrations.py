@@ -26,6 +26,7 @@ TABLES = {
     "batch_lines",
     "claim_labels",
     "label_samples",
+    "broker_epoch",
 }
 
 

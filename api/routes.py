@@ -179,6 +179,10 @@ async def create_run(
     retry_deadline_s: Annotated[float | None, Query(gt=0, le=ingest.MAX_RETRY_DEADLINE)] = None,
     budget_usd: Annotated[float | None, Query(gt=0, le=ingest.MAX_BUDGET_USD)] = None,
     budget_tokens: Annotated[int | None, Query(gt=0, le=ingest.MAX_BUDGET_TOKENS)] = None,
+    claims_from: Annotated[
+        str | None,
+        Query(max_length=200, description="an earlier run whose items' claims to attribute"),
+    ] = None,
     mode: Annotated[
         Literal["online", "batch"] | None,
         Query(description="batch: through the provider's Batch API (a model marked batch)"),
@@ -206,6 +210,7 @@ async def create_run(
             "budget_usd": budget_usd,
             "budget_tokens": budget_tokens,
             "mode": mode,
+            "claims_from": claims_from,
         }
         spec = service.spec(fields, principal.project, key)
         upload = await spool_ndjson(request, settings, request.app.state.spool_budget)

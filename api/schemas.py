@@ -316,6 +316,13 @@ class RunSubmission(BaseModel):
     retry_deadline_s: float | None = Field(None, gt=0, le=30 * 86400)
     budget_usd: float | None = Field(None, gt=0, le=1_000_000)
     budget_tokens: int | None = Field(None, gt=0, le=10**12)
+    claims_from: str | None = Field(
+        None,
+        max_length=200,
+        description="an earlier run of the project: each item takes the claims of its item of "
+        "the same id and ground truth, and is only attributed (no extraction call); other "
+        "items are extracted as usual. An unknown run (or another project's) is a 422",
+    )
     items: list[SubmittedItem] = Field(min_length=1)
 
 

@@ -110,12 +110,14 @@ class Client:
         progress: bool = False,
         mode: str | None = None,
         retry_deadline_s: float | None = None,
+        claims_from: str | None = None,
     ) -> Run:
         """Send a dataset as a new run; returns it as soon as the API stored it.
 
         `data` is what `recallq.evaluate` takes (a path, a list of dicts, a DataFrame); it is
         read here, field aliases and `mapping` applied, and streamed as NDJSON, so a file of
-        any size is sent in constant memory. An error in the data raises
+        any size is sent in constant memory. `claims_from`: an earlier run whose items'
+        claims this run's items take (by id) and only attribute. An error in the data raises
         recallq.dataset.DatasetError, naming the file and line.
         """
         from os import PathLike
@@ -131,6 +133,7 @@ class Client:
             "scale": scale,
             "mode": mode,
             "retry_deadline_s": retry_deadline_s,
+            "claims_from": claims_from,
         }
         if context is not None:
             params["context"] = json.dumps(context)

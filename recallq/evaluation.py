@@ -18,7 +18,7 @@ from typing import Any
 from recallq.judge_models import LEXICAL
 from recallq.results import Result
 
-RUN_FIELDS = ("name", "scale", "context", "context_extractor", "retry_deadline_s")
+RUN_FIELDS = ("name", "scale", "context", "context_extractor", "retry_deadline_s", "claims_from")
 
 
 def evaluate(
@@ -38,7 +38,8 @@ def evaluate(
     like (`reference`, `retrieved_contexts`, ...); other fields become each item's metadata.
     `mapping` renames fields (`{"gold": "ground_truth"}`, `{"context": "metadata"}`).
     `run_fields` are the run's: `name`, `scale`, `context` (static passages for every item),
-    `context_extractor` (for agent-shaped items).
+    `context_extractor` (for agent-shaped items), `claims_from` (an earlier local run: items
+    of the same id and ground truth take its claims and are only attributed).
 
     Raises ValueError (recallq.dataset.DatasetError or recallq.ingest.SubmissionError) for
     input it cannot use, before any judge call. On KeyboardInterrupt the run is kept, and

@@ -62,6 +62,8 @@ class RunSpec:
     budget_usd: float | None = None
     budget_tokens: int | None = None
     limits: ctx.ContextLimits = ctx.DEFAULT_LIMITS
+    #: the earlier run of the project whose items' claims the run's items take (by item id)
+    claims_from: str | None = None
 
 
 def require_known_model(model: Any, known_models: Iterable[str]) -> str:
@@ -103,6 +105,7 @@ def build_spec(
     budget_usd: Any = None,
     budget_tokens: Any = None,
     limits: ctx.ContextLimits = ctx.DEFAULT_LIMITS,
+    claims_from: Any = None,
 ) -> RunSpec:
     """A checked run spec. `batch_models` are the models whose provider Batch API may be
     used: a batch-mode run of another model is refused."""
@@ -120,6 +123,8 @@ def build_spec(
             inputs.check_text(name, "name")
         if idempotency_key is not None:
             inputs.check_text(idempotency_key, "Idempotency-Key")
+        if claims_from is not None and not isinstance(claims_from, str):
+            raise ValueError("claims_from must be a run id")
         if context is not None and not isinstance(context, list | str):
             raise ValueError("context must be a list of strings")
         static = ctx.to_passages(context, limits) if context is not None else None
@@ -140,6 +145,7 @@ def build_spec(
         budget_usd=usd,
         budget_tokens=None if tokens is None else int(tokens),
         limits=limits,
+        claims_from=claims_from,
     )
 
 

@@ -192,6 +192,8 @@ def run_key(path: Path, spec: ingest.RunSpec, mapping: Mapping[str, str]) -> str
         "context_extractor": spec.context_extractor,
         "mapping": dict(sorted(mapping.items())),
     }
+    if spec.claims_from is not None:  # absent otherwise: earlier runs keep their keys
+        fields["claims_from"] = spec.claims_from
     text = json.dumps(fields, sort_keys=True, ensure_ascii=False)
     return RUN_KEY_PREFIX + hashlib.sha256(text.encode()).hexdigest()
 

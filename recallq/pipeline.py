@@ -2,6 +2,8 @@
 received, to what happens to the item next. Pure: no I/O, no clock, no model call.
 
     start(ground truth)              no ground truth ─► Scored (0, no call)
+    inherited_claims (submission)    a `claims_from` run's item: its claims, stored with the
+                                     new item, so no extraction call is made │ extracted
     claims_found(claims)             none ─► Scored (0) │ Claims: store them, attribute next
     before_attribution(claims, ctx)  no context ─► Scored (every claim "no", no call)
     read_answer / malformed          a malformed answer ─► Repair (once) ─► Failed; one
@@ -131,6 +133,17 @@ def deadline_error(deadline_s: float, error: str) -> str:
 def start(ground_truth: str | None) -> Scored | None:
     """An item with no ground truth scores 0 without a call; None: extract its claims."""
     return Scored(scoring.no_ground_truth()) if ground_truth is None else None
+
+
+def inherited_claims(
+    ground_truth: str | None, earlier_ground_truth: str | None, earlier_claims: Sequence[str]
+) -> list[str] | None:
+    """A run with `claims_from`: an item takes the claims of the earlier run's item of the same
+    id when that one has claims and the same ground truth (claims depend only on it); None:
+    the item's claims are extracted as usual (no such item, no claims, another ground truth)."""
+    if ground_truth is None or not earlier_claims or earlier_ground_truth != ground_truth:
+        return None
+    return list(earlier_claims)
 
 
 def claims_found(claims: Sequence[str]) -> Claims | Scored:

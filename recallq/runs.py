@@ -27,9 +27,10 @@ from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 
+from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from recallq import ingest, inputs, judge_models, queries, quotas
+from recallq import ingest, inputs, judge_models, pipeline, queries, quotas
 from recallq.judge_models import ModelConfig
 from recallq.runtime import Runtime
 from recallq.settings import Settings
@@ -41,7 +42,7 @@ from recallq.store import (
     RunNotCancelledError,
     RunNotFound,
 )
-from recallq.tables import Run
+from recallq.tables import Claim, Item, Run
 
 log = logging.getLogger(__name__)
 
@@ -56,8 +57,10 @@ RUN_FIELDS = (
     "retry_deadline_s",
     "budget_usd",
     "budget_tokens",
+    "claims_from",
 )
 MAX_ID_LENGTH = 200  # run ids are UUIDs; item ids at most 200 characters
+CLAIM_BATCH = 2000  # inherited claims inserted per statement
 
 
 class RunConflict(Exception):
@@ -124,6 +127,7 @@ def spec_of(
         limits=ingest.limits_of(settings),
         mode=fields.get("mode"),
         batch_models=judge_models.batch_models(models),
+        claims_from=fields.get("claims_from"),
     )
 
 
@@ -163,6 +167,7 @@ class RunService:
                 with self.runtime.database.session() as session:
                     if (found := self._replay(session, spec, rows.count)) is not None:
                         return found
+                    earlier = self._claims_source(session, spec)
                     quotas.lock_project(session, spec.project)
                     if (found := self._replay(session, spec, rows.count)) is not None:
                         return found  # a twin committed while we waited
@@ -182,6 +187,8 @@ class RunService:
                         self.settings,
                     )
                     session.flush()
+                    if earlier is not None:
+                        _inherit_claims(session, run, earlier)
                     view = self.runtime.run_view(session, run)
             except ingest.IdempotencyRace:
                 with self.runtime.database.session() as session:
@@ -193,6 +200,20 @@ class RunService:
                 return found
         self.queue(view["id"])
         return Submitted(view, True)
+
+    @staticmethod
+    def _claims_source(session: Session, spec: ingest.RunSpec) -> Run | None:
+        """The run `claims_from` names: the project's, else the submission is refused (another
+        project's run is not found, like a missing one)."""
+        if spec.claims_from is None:
+            return None
+        earlier = find_run(session, spec.claims_from, spec.project)
+        if earlier is None:
+            shown = spec.claims_from[:MAX_ID_LENGTH]
+            raise ingest.SubmissionError(
+                f"claims_from: run {shown!r} not found", code="claims_from_not_found"
+            )
+        return earlier
 
     def _replay(self, session: Session, spec: ingest.RunSpec, count: int) -> Submitted | None:
         existing = ingest.find_by_idempotency_key(session, spec)
@@ -373,6 +394,39 @@ class RunService:
     def _require(run_id: str) -> None:
         if not plausible_id(run_id):
             raise RunNotFound(run_id)
+
+
+def _inherit_claims(session: Session, run: Run, earlier: Run) -> int:
+    """Store with the new run's items the claims of the earlier run's items of the same id
+    (recallq.pipeline.inherited_claims decides which); the engine and the batch lane then
+    find them known and only attribute them. How many items took claims."""
+    earlier_claims: dict[str, tuple[str | None, list[str]]] = {}
+    rows = session.execute(
+        select(Item.key, Item.ground_truth, Claim.text)
+        .join(Claim, Claim.item_id == Item.id)
+        .where(Item.run_id == earlier.id)
+        .order_by(Item.id, Claim.idx)
+    )
+    for key, ground_truth, text in rows:
+        earlier_claims.setdefault(key, (ground_truth, []))[1].append(text)
+    taken, batch = 0, []
+    new_items = session.execute(
+        select(Item.id, Item.key, Item.ground_truth).where(Item.run_id == run.id)
+    )
+    for item_id, key, ground_truth in new_items:
+        found = earlier_claims.get(key)
+        claims = pipeline.inherited_claims(ground_truth, *found) if found else None
+        if claims is None:
+            continue
+        taken += 1
+        batch += [{"item_id": item_id, "idx": i, "text": t} for i, t in enumerate(claims)]
+        if len(batch) >= CLAIM_BATCH:
+            session.execute(insert(Claim), batch)
+            batch = []
+    if batch:
+        session.execute(insert(Claim), batch)
+    log.info("run %s took the claims of %d items of run %s", run.id, taken, earlier.id)
+    return taken
 
 
 class _CheckedRows:

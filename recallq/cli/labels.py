@@ -24,7 +24,6 @@ from recallq.cli.backends import open_local_database
 from recallq.client import Client
 from recallq.display import database_label
 from recallq.gates import CommandError, Exit
-from recallq.status import PublicItemStatus
 
 if TYPE_CHECKING:
     from recallq.db import Database
@@ -57,7 +56,7 @@ def add_commands(sub: Any) -> None:
     agreement.set_defaults(func=cmd_agreement)
 
     rejudge = sub.add_parser(
-        "rejudge", help="attribute a local run's claims again (another model, or the same)"
+        "rejudge", help="attribute a run's claims again (another model, or the same)"
     )
     rejudge.add_argument("run_id")
     rejudge.add_argument("--model", help="the judge of the new run (default: the run's own)")
@@ -367,76 +366,96 @@ def corrected_gate(args: argparse.Namespace) -> int:
 
 
 def cmd_rejudge(args: argparse.Namespace) -> int:
-    """`recallq rejudge RUN [--model M]` (local runs): a new run of the same items whose judge
-    attributes the run's own claims, not claims it extracts again. The claims are handed over
-    through the claim cache: each scored item's claims are stored for (its ground truth, M),
-    so the new run finds them there and makes attribution calls only. An entry M already had
-    for a ground truth is kept (the cache is first-write-wins) and reported."""
+    """`recallq rejudge RUN [--model M]`: a new run of the same items with `claims_from` RUN,
+    so its judge attributes the run's own claims and extracts none (an item the run left
+    without claims is extracted as usual). Local runs are scored here; a service run (--api or
+    RECALLQ_API_URL) is submitted to the API, waited for, and its run object printed."""
     import json
     import tempfile
 
-    from recallq import queries
-    from recallq.claim_cache import ClaimCache
-    from recallq.cli import local_runs
-
     settings = args.settings
-    if getattr(args, "api", None) or settings.api_url:
-        raise CommandError(
-            "rejudge works on local runs; a service run's claims_from is not built yet"
-        )
-    backend = open_labels(args)
-    assert isinstance(backend, LocalLabels)
-    try:
-        with backend.database.session() as session:
-            run = backend._run(session, args.run_id)
-            model = args.model or run.model
-            items = list(queries.iter_results(session, run.id, item_data=True))
-        kept = 0
-        with backend.database.transaction() as conn:
-            for item in items:
-                claims = [c["text"] for c in item["claims"]]
-                if (
-                    item["status"] != PublicItemStatus.SUCCEEDED
-                    or not claims
-                    or not item["ground_truth"]
-                ):
-                    continue
-                key = ClaimCache.key(item["ground_truth"], model, project=PROJECT)
-                held = ClaimCache.read(conn, [key]).get(key)
-                if held is None:
-                    ClaimCache.write(conn, key, claims)
-                elif held != claims:
-                    kept += 1
-    finally:
-        backend.close()
-    if kept:
-        print(
-            f"recallq: {kept} items keep the claims {model} extracted before; "
-            "`recallq agreement --against` compares the claims the runs share",
-            file=sys.stderr,
-        )
+    url = getattr(args, "api", None) or settings.api_url
+    client = Client(url, settings.api_key) if url else None
+    if client is not None:
+        with client:
+            earlier = client.run(args.run_id)
+            view = earlier.status()
+            items = list(earlier.results())
+    else:
+        from recallq import queries
+
+        backend = LocalLabels(open_local_database(settings), database_label(settings.database_url))
+        try:
+            with backend.database.session() as session:
+                run = backend._run(session, args.run_id)
+                view = {"model": run.model, "scale": run.scale}
+                items = list(queries.iter_results(session, run.id, item_data=True))
+        finally:
+            backend.close()
+    model = args.model or view["model"]
+    name = f"rejudge of {args.run_id} by {model}"
     folder = Path(tempfile.mkdtemp(prefix="recallq-rejudge-"))
     source = folder / f"rejudge-{args.run_id}.jsonl"
-    with source.open("w", encoding="utf-8") as out:
-        for item in items:
-            record = {
-                **(item["metadata"] or {}),
-                "id": item["id"],
-                "input": item["input"],
-                "output": item["output"],
-                "ground_truth": item["ground_truth"],
-                "context": item["context"],
-            }
-            out.write(json.dumps(record, ensure_ascii=False) + "\n")
+    try:
+        with source.open("w", encoding="utf-8") as out:
+            for item in items:
+                record = {
+                    **(item["metadata"] or {}),
+                    "id": item["id"],
+                    "input": item["input"],
+                    "output": item["output"],
+                    "ground_truth": item["ground_truth"],
+                    "context": item["context"],
+                }
+                out.write(json.dumps(record, ensure_ascii=False) + "\n")
+        if client is not None:
+            return _rejudge_remote(args, url, source, model, name, view["scale"])
+        return _rejudge_local(args, source, model, name, view["scale"])
+    finally:
+        source.unlink(missing_ok=True)
+        folder.rmdir()
+
+
+def _rejudge_remote(
+    args: argparse.Namespace, url: str, source: Path, model: str, name: str, scale: float
+) -> int:
+    import json
+
+    with Client(url, args.settings.api_key) as client:
+        run = client.submit(source, model=model, name=name, scale=scale, claims_from=args.run_id)
+        print(f"recallq: run {run.id}", file=sys.stderr)
+        try:
+            view = run.wait(progress=not args.quiet)
+        except KeyboardInterrupt:
+            print(
+                f"\nrecallq: stopped waiting; run {run.id} goes on on the service "
+                f"(recallq status {run.id})",
+                file=sys.stderr,
+            )
+            return Exit.INTERRUPTED
+    print(json.dumps(view, indent=2, ensure_ascii=False))
+    print(
+        f"recallq: compare the judges with `recallq agreement {run.id} --against {args.run_id}`",
+        file=sys.stderr,
+    )
+    return Exit.OK if view["counts"]["failed"] == 0 else Exit.FAILED
+
+
+def _rejudge_local(
+    args: argparse.Namespace, source: Path, model: str, name: str, scale: float
+) -> int:
+    from recallq.cli import local_runs
+
     run_args = argparse.Namespace(
         file=source,
         model=model,
-        name=f"rejudge of {args.run_id} by {model}",
+        name=name,
         context=None,
         context_extractor=None,
+        claims_from=args.run_id,
         map=None,
         quiet=args.quiet,
-        scale=run.scale,
+        scale=scale,
         out=None,
         format=None,
         concurrency=args.concurrency,
@@ -447,10 +466,6 @@ def cmd_rejudge(args: argparse.Namespace) -> int:
         min_score=None,
         max_failed=None,
         argv=["rejudge", *getattr(args, "argv", [])[1:]],
-        settings=settings,
+        settings=args.settings,
     )
-    try:
-        return local_runs.run(run_args)
-    finally:
-        source.unlink(missing_ok=True)
-        folder.rmdir()
+    return local_runs.run(run_args)

@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> int:
             "scale": args.scale,
             "context": args.context,
             "context_extractor": args.context_extractor,
+            "claims_from": getattr(args, "claims_from", None),
         }
         spec = runs.RunService(runtime, local=True).spec(fields, local.PROJECT)
         migrate.upgrade(settings.database_url)

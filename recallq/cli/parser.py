@@ -62,6 +62,12 @@ def _add_run_fields(parser: argparse.ArgumentParser) -> None:
         "--context", type=_json_argument, help="static context for every item, a JSON list"
     )
     parser.add_argument(
+        "--claims-from",
+        metavar="RUN",
+        help="attribute the claims of this earlier run's items (same id and ground truth) "
+        "instead of extracting them",
+    )
+    parser.add_argument(
         "--context-extractor",
         type=_json_argument,
         help='for agent-shaped items, JSON: \'{"type": "tool_results", "tools": ["search"]}\'',

@@ -52,6 +52,7 @@ def submit(args: argparse.Namespace) -> int:
             mapping=mapping,
             progress=not args.quiet,
             mode="batch" if args.batch else None,
+            claims_from=args.claims_from,
         )
         if not args.wait:
             print(run.id)

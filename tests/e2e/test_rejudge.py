@@ -1,5 +1,6 @@
 """`recallq rejudge`: a local run's claims attributed again by another judge, through litellm
-to the stub, without one extraction call; `agreement --against` compares the two judges."""
+to the stub, without one extraction call (the new run's `claims_from`, not the claim cache:
+nothing is left for later runs); `agreement --against` compares the two judges."""
 
 from __future__ import annotations
 
@@ -54,5 +55,21 @@ def test_rejudge_attributes_the_same_claims_with_another_model(
     assert body["labelled_claims"] == source["summary"]["claims_total"]
     assert body["flip_rate"] is not None and body["kappa"] is not None
 
+    # the claims went to the new run only: a later run of the same judge extracts its own
+    clean_stub.reset()
+    later = _recallq(
+        env, tmp_path, "run", str(REPO / "examples" / "eval_set.jsonl"), "--model", "stub-judge",
+        "--fresh", "--quiet",
+    )  # fmt: skip
+    assert later.returncode == 0, later.stderr
+    schemas = clean_stub.stats()["by_schema"]
+    assert schemas.get("claim_extraction", 0) + schemas.get("claim_extraction_packed", 0) > 0
+
+    unknown = _recallq(
+        env, tmp_path, "run", str(REPO / "examples" / "eval_set.jsonl"), "--claims-from", "nope"
+    )
+    assert unknown.returncode == 2, unknown.stderr
+    assert unknown.stderr.strip().splitlines() == ["recallq: claims_from: run 'nope' not found"]
+
     remote = _recallq({**env, "RECALLQ_API_URL": "http://127.0.0.1:9"}, tmp_path, "rejudge", "x")
-    assert remote.returncode == 2 and "local runs" in remote.stderr
+    assert remote.returncode == 2 and "cannot reach the API" in remote.stderr

@@ -248,3 +248,12 @@ def test_packed_usage_without_weights_is_split_evenly(weights: list[int] | None)
     shares = pipeline.split_usage(Usage(1, 11, 3, 0.0), 2, weights)
     assert [s.prompt_tokens for s in shares] == [6, 5]
     assert _total(shares).completion_tokens == 3
+
+
+def test_an_item_inherits_the_earlier_items_claims_only_for_the_same_ground_truth() -> None:
+    claims = ["Paris is in France", "It is the capital"]
+    truth = "Paris is in France. It is the capital."
+    assert pipeline.inherited_claims(truth, truth, claims) == claims
+    assert pipeline.inherited_claims(truth, "Another ground truth.", claims) is None
+    assert pipeline.inherited_claims(truth, truth, []) is None  # nothing to take: extract
+    assert pipeline.inherited_claims(None, None, claims) is None

@@ -1,0 +1,206 @@
+"""`claims_from` on the service: a rejudge through the API (`recallq rejudge RUN --api`) makes
+no extraction call and attributes the same claims; `agreement --against` measures the judge
+against itself with the stub's flip modes; another project's run is not a source. A real API
+(keys required), a real Celery worker, Postgres, Redis, and litellm to the stub."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.integration.secured import bearer, error_of, make_key, recallq, secured_env, submit
+from tests.services import start_api, start_worker
+
+N_ITEMS = 60  # three claims each: 180 claims
+
+
+def _items(tag: str) -> list[dict[str, Any]]:
+    """Items of three claims each, about one in two supported by the context."""
+    items = []
+    for i in range(N_ITEMS):
+        claims = [f"Station {tag}{i} reported {word} rainfall" for word in ("heavy", "light", "no")]
+        context = [f"Station {tag}{i} reported heavy rainfall.", "Unrelated passage."]
+        if i % 2:
+            context.append(f"Station {tag}{i} reported light rainfall.")
+        items.append(
+            {"id": f"doc/{i}", "ground_truth": ". ".join(claims) + ".", "context": context}
+        )
+    return items
+
+
+@pytest.fixture(scope="module")
+def env(service_env: dict[str, str]) -> dict[str, str]:
+    return secured_env(service_env, submissions_per_minute=0, max_active_runs_per_project=1000)
+
+
+@pytest.fixture(scope="module")
+def keys(env: dict[str, str]) -> dict[str, str]:
+    return {
+        "write": make_key(env, "judges", "write", label="judges-writer"),
+        "other": make_key(env, "elsewhere-cf", "admin", label="cf-outsider"),
+    }
+
+
+@pytest.fixture(scope="module")
+def api(env: dict[str, str], keys: dict[str, str]) -> Iterator[str]:
+    process, url = start_api(env)
+    worker = start_worker(env, concurrency=2)
+    yield url
+    worker.stop()
+    process.stop()
+
+
+def _wait(api: str, key: str, run_id: str) -> dict[str, Any]:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        run: dict[str, Any] = httpx.get(f"{api}/v1/runs/{run_id}", headers=bearer(key)).json()
+        if run["status"] == "completed":
+            return run
+        time.sleep(0.3)
+    raise TimeoutError(run_id)
+
+
+def _scored_run(api: str, key: str, tag: str) -> str:
+    response = submit(api, key, {"items": _items(tag), "model": "stub-judge"})
+    assert response.status_code == 202, response.text
+    run = _wait(api, key, response.json()["id"])
+    assert run["counts"]["succeeded"] == N_ITEMS, run
+    return str(run["id"])
+
+
+def _results(api: str, key: str, run_id: str) -> list[dict[str, Any]]:
+    lines = httpx.get(
+        f"{api}/v1/runs/{run_id}/results", params={"format": "jsonl"}, headers=bearer(key)
+    ).text.splitlines()
+    return [json.loads(line) for line in lines]
+
+
+def _claims(api: str, key: str, run_id: str) -> dict[str, list[tuple[str, str]]]:
+    items = _results(api, key, run_id)
+    return {i["id"]: [(c["text"], c["verdict"]) for c in i["claims"]] for i in items}
+
+
+def _rejudge(api: str, env: dict[str, str], key: str, run_id: str) -> str:
+    cli = {**env, "RECALLQ_API_URL": api, "RECALLQ_API_KEY": key}
+    done = recallq(cli, "rejudge", run_id, "--model", "stub-judge", "--quiet", timeout=240)
+    assert done.returncode == 0, done.stderr
+    view = json.loads(done.stdout)
+    assert view["counts"]["succeeded"] == N_ITEMS and view["name"].startswith("rejudge of")
+    return str(view["id"])
+
+
+def _against(api: str, key: str, run_id: str, other: str) -> dict[str, Any]:
+    response = httpx.get(
+        f"{api}/v1/runs/{run_id}/agreement", params={"against": other}, headers=bearer(key)
+    )
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def test_a_rejudge_through_the_api_extracts_nothing_and_judges_the_same_claims(
+    api: str, env: dict[str, str], keys: dict[str, str], clean_stub: Any
+) -> None:
+    clean_stub.configure(flip_rate=0.3, flip_per_call=False, flip_seed=5)
+    source = _scored_run(api, keys["write"], "d")
+    clean_stub.reset()
+    again = _rejudge(api, env, keys["write"], source)
+    schemas = clean_stub.stats()["by_schema"]
+    assert schemas.get("claim_attribution", 0) >= N_ITEMS
+    assert not schemas.get("claim_extraction") and not schemas.get("claim_extraction_packed")
+
+    first, second = _claims(api, keys["write"], source), _claims(api, keys["write"], again)
+    assert first == second  # the same claims, and deterministic flips give the same verdicts
+    assert sum(len(claims) for claims in first.values()) == 3 * N_ITEMS
+    reasons = [c["reason"] for i in _results(api, keys["write"], again) for c in i["claims"]]
+    assert 20 <= reasons.count("stub: flipped") <= 90  # the judge did err, the same way twice
+    body = _against(api, keys["write"], again, source)
+    assert body["labelled_claims"] == 3 * N_ITEMS
+    assert body["flip_rate"] == 0.0 and body["flipped"] == [] and body["kappa"] == 1.0
+    shown = recallq(
+        {**env, "RECALLQ_API_URL": api, "RECALLQ_API_KEY": keys["write"]},
+        "agreement",
+        again,
+        "--against",
+        source,
+    )
+    assert shown.returncode == 0 and "verdicts flipped: 0" in shown.stdout, shown.stderr
+
+
+def test_the_same_judge_with_random_flips_disagrees_with_itself_at_2p_1_minus_p(
+    api: str, env: dict[str, str], keys: dict[str, str], clean_stub: Any
+) -> None:
+    p = 0.2
+    clean_stub.configure(flip_rate=p, flip_per_call=True, flip_seed=11)
+    try:
+        source = _scored_run(api, keys["write"], "r")
+        again = _rejudge(api, env, keys["write"], source)
+    finally:
+        clean_stub.configure(flip_rate=0.0, flip_per_call=False)
+    body = _against(api, keys["write"], again, source)
+    assert body["labelled_claims"] == 3 * N_ITEMS
+    expected = 2 * p * (1 - p)  # 0.32: one of the two verdicts flipped, not both
+    low, high = body["flip_rate_ci95"]
+    # 180 claims: a standard error of about 0.035; the band is about 3 of them
+    assert abs(body["flip_rate"] - expected) <= 0.1, body["flip_rate"]
+    assert low < body["flip_rate"] < high
+    assert len(body["flipped"]) == round(body["flip_rate"] * 3 * N_ITEMS)
+
+
+def test_claims_from_names_a_run_of_the_same_project_only(
+    api: str, keys: dict[str, str], clean_stub: Any
+) -> None:
+    clean_stub.configure(flip_rate=0.0)
+    response = submit(api, keys["other"], {"items": _items("o")[:3], "model": "stub-judge"})
+    assert response.status_code == 202, response.text
+    outsider = response.json()["id"]
+    _wait(api, keys["other"], outsider)
+
+    answers = {}
+    for source in (outsider, "00000000-0000-0000-0000-000000000000"):
+        body = {"items": _items("o")[:3], "model": "stub-judge", "claims_from": source}
+        refused = submit(api, keys["write"], body)
+        assert error_of(refused) == (422, "claims_from_not_found")
+        answers[source] = refused.json()["error"]["message"].replace(source, "RUN")
+        ndjson = httpx.post(
+            f"{api}/v1/runs",
+            params={"model": "stub-judge", "claims_from": source},
+            content="".join(json.dumps(item) + "\n" for item in _items("o")[:3]),
+            headers={**bearer(keys["write"]), "Content-Type": "application/x-ndjson"},
+        )
+        assert error_of(ndjson) == (422, "claims_from_not_found")
+    assert len(set(answers.values())) == 1  # another project's run reads as a missing one
+    bad = submit(api, keys["write"], {"items": _items("o")[:3], "claims_from": 7})
+    assert error_of(bad)[0] == 422
+    against = httpx.get(f"{api}/v1/runs/{outsider}/agreement", headers=bearer(keys["write"]))
+    assert error_of(against)[0] == 404
+
+
+def test_an_item_the_source_run_has_no_claims_for_is_extracted_as_usual(
+    api: str, keys: dict[str, str], clean_stub: Any
+) -> None:
+    clean_stub.configure(flip_rate=0.0)
+    source = _scored_run(api, keys["write"], "x")
+    items = _items("x")[:4]
+    items[1]["id"] = "doc/new"  # not in the source run
+    items[2]["ground_truth"] = "Station x2 reported hail."  # another ground truth
+    clean_stub.reset()
+    response = submit(
+        api, keys["write"], {"items": items, "model": "stub-judge", "claims_from": source}
+    )
+    assert response.status_code == 202, response.text
+    run = _wait(api, keys["write"], response.json()["id"])
+    assert run["counts"]["succeeded"] == 4
+    schemas = clean_stub.stats()["by_schema"]
+    # the unmatched items are extracted as usual: doc/new's ground truth is in the claim cache
+    # (the source run extracted it), doc/2's new one takes the one extraction call
+    extracted = schemas.get("claim_extraction", 0) + schemas.get("claim_extraction_packed", 0)
+    assert extracted == 1
+    claims = _claims(api, keys["write"], run["id"])
+    assert [text for text, _ in claims["doc/2"]] == ["Station x2 reported hail"]
+    assert len(claims["doc/new"]) == 3 and len(claims["doc/0"]) == 3

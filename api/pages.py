@@ -31,7 +31,7 @@ from api.body import Pace, paced_chunks
 from api.page_auth import Browser
 from recallq import compare as ab
 from recallq import inputs, labels, queries, viewer
-from recallq.runs import RunConflict, RunService, find_run, plausible_id
+from recallq.runs import RunConflict, RunService, compare_with_labels, find_run, plausible_id
 from recallq.runtime import Runtime
 from recallq.status import RUN_ACTIVE, PublicItemStatus, RunStatus
 from recallq.store import RunNotFound
@@ -617,7 +617,7 @@ def compare_page(
         if base and candidate:
             base_run, candidate_run = _two_runs(session, project, base, candidate)
             try:
-                result = queries.compare_runs(
+                result = compare_with_labels(
                     session, base_run, candidate_run, top=COMPARE_TOP, pairs=MAX_SCATTER_POINTS
                 )
             except queries.IncomparableRuns as exc:

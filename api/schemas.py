@@ -127,6 +127,12 @@ class Comparison(_Open):
     regressed: int
     unchanged: int
     largest_changes: list[dict[str, Any]]
+    corrected: dict[str, Any] | None = Field(
+        None,
+        description="when both runs have labels of random samples: the mean difference "
+        "corrected by them (ppi), `{judge_mean_difference, mean_difference, ci95, "
+        "labelled_items{base, candidate}, method}`",
+    )
 
 
 class RetriedRun(RunView):

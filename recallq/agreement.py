@@ -32,7 +32,7 @@ RESAMPLES = 2_000
 # the correction's spread is 0), so no corrected estimate is given
 MIN_CORRECTED_ITEMS = 5
 MAX_DISAGREEMENTS = 100  # claims listed where judge and person differ (the counts cover all)
-_Z95 = 1.959963984540054
+Z95 = 1.959963984540054
 _DECIMALS = 4
 YES, NO = "yes", "no"
 
@@ -238,8 +238,7 @@ def corrected_mean_score(
     judge_mean = totals.score_sum / totals.items
     judge_variance = max(0.0, totals.score_square_sum / totals.items - judge_mean**2)
     judge_error = math.sqrt(judge_variance / totals.items)
-    share = totals.items_with_claims / totals.items if totals.items_with_claims else 1.0
-    differences = [share * _score_difference(item, scale) for item in sample]
+    differences = score_corrections(totals, sample, scale=scale)
     correction = math.fsum(differences) / len(differences)
     rng = random.Random(seed)
     draws = [
@@ -313,13 +312,58 @@ def corrected(
     }
 
 
+def score_corrections(
+    totals: JudgeTotals, sample: Sequence[LabelledItem], *, scale: float
+) -> list[float]:
+    """Each sampled item's term of the mean score's correction (corrected_mean_score)."""
+    share = totals.items_with_claims / totals.items if totals.items_with_claims else 1.0
+    return [share * _score_difference(item, scale) for item in sample]
+
+
+def corrected_difference(
+    judge_difference: float,
+    judge_error: float,
+    base: Sequence[float],
+    candidate: Sequence[float],
+    *,
+    scale: float,
+    seed: int = 0,
+    resamples: int = RESAMPLES,
+) -> dict[str, Any] | None:
+    """Candidate minus base mean score, both corrected by their own random sample: the judge's
+    paired difference (with its standard error `judge_error`) + the candidate's mean
+    correction - the base's (`score_corrections` of each sample). The interval draws the
+    judge part from its normal and bootstraps each sample's items apart (the samples are
+    drawn independently). None with fewer than MIN_CORRECTED_ITEMS items in either."""
+    if min(len(base), len(candidate)) < MIN_CORRECTED_ITEMS:
+        return None
+    correction = math.fsum(candidate) / len(candidate) - math.fsum(base) / len(base)
+    rng = random.Random(seed)
+    draws = sorted(
+        rng.gauss(0.0, judge_error)
+        + math.fsum(rng.choices(candidate, k=len(candidate))) / len(candidate)
+        - math.fsum(rng.choices(base, k=len(base))) / len(base)
+        for _ in range(resamples)
+    )
+    value = max(-scale, min(scale, judge_difference + correction))
+    low = max(-scale, judge_difference + _quantile(draws, 0.025))
+    high = min(scale, judge_difference + _quantile(draws, 0.975))
+    return {
+        "judge_mean_difference": _round(judge_difference),
+        "mean_difference": _round(value),
+        "ci95": [_round(low), _round(high)],
+        "labelled_items": {"base": len(base), "candidate": len(candidate)},
+        "method": "ppi",
+    }
+
+
 def judge_interval(totals: JudgeTotals, *, scale: float) -> tuple[float, float] | None:
     """The judge-only normal 95% interval of the mean score (what the run page shows)."""
     if totals.items <= 0:
         return None
     mean = totals.score_sum / totals.items
     spread = math.sqrt(max(0.0, totals.score_square_sum / totals.items - mean**2))
-    half = _Z95 * spread / math.sqrt(totals.items)
+    half = Z95 * spread / math.sqrt(totals.items)
     return max(0.0, mean - half), min(scale, mean + half)
 
 

@@ -235,6 +235,17 @@ def compare_lines(result: dict[str, Any]) -> list[str]:
             f"{result['unchanged']} unchanged",
         ),
     ]
+    corrected = result.get("corrected")
+    if corrected:
+        low, high = corrected["ci95"]
+        counts = corrected["labelled_items"]
+        rows.append(
+            (
+                "corrected_difference",
+                f"{corrected['mean_difference']:+.4f}  (95% CI {low:+.4f} to {high:+.4f}; "
+                f"{counts['base']} + {counts['candidate']} labelled items)",
+            )
+        )
     flipped = result.get("claims_flipped")
     if flipped:
         rows.append(

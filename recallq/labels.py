@@ -567,6 +567,41 @@ def _body(
     return body
 
 
+def _random_sample(session: Session, run: Run) -> tuple[JudgeTotals, list[LabelledItem]] | None:
+    """The judge's totals and the labelled items of the run's drawn sample, if any."""
+    drawn = sample_of(session, run.id)
+    totals = _judge_totals(session, run, None).get(None)
+    if drawn is None or totals is None:
+        return None
+    in_sample = set(drawn.item_keys)
+    return totals, [i for i in _labelled_items(session, run.id, None) if i.key in in_sample]
+
+
+def corrected_comparison(
+    session: Session, base: Run, candidate: Run, comparison: dict[str, Any], seed: int = 0
+) -> dict[str, Any] | None:
+    """The comparison's mean difference corrected by both runs' labels of random samples
+    (agreement.corrected_difference); None unless both runs have enough of them. The judge
+    part's standard error is read off the comparison's paired 95% interval."""
+    low, high = comparison.get("ci95") or (None, None)
+    difference = comparison.get("mean_difference")
+    if difference is None or low is None or high is None:
+        return None
+    base_found = _random_sample(session, base)
+    candidate_found = _random_sample(session, candidate)
+    if base_found is None or candidate_found is None:
+        return None
+    (base_totals, base_sample), (candidate_totals, candidate_sample) = base_found, candidate_found
+    return agreement.corrected_difference(
+        difference,
+        (high - low) / (2 * agreement.Z95),
+        agreement.score_corrections(base_totals, base_sample, scale=base.scale),
+        agreement.score_corrections(candidate_totals, candidate_sample, scale=candidate.scale),
+        scale=candidate.scale,
+        seed=seed,
+    )
+
+
 def against_view(session: Session, run: Run, other: Run, seed: int = 0) -> dict[str, Any]:
     """Two judges on the same claims: the run's verdicts against the other run's, paired by
     item id and claim index where the claim's text is the same (`claims_from` runs share

@@ -30,7 +30,7 @@ from typing import IO, Any
 from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
-from recallq import ingest, inputs, judge_models, pipeline, queries, quotas
+from recallq import ingest, inputs, judge_models, labels, pipeline, queries, quotas
 from recallq.judge_models import ModelConfig
 from recallq.runtime import Runtime
 from recallq.settings import Settings
@@ -382,7 +382,7 @@ class RunService:
         with self.runtime.database.session() as session:
             base_run = self._run(session, base, project)
             candidate_run = self._run(session, candidate, project)
-            return queries.compare_runs(session, base_run, candidate_run, by=by, top=top)
+            return compare_with_labels(session, base_run, candidate_run, by=by, top=top)
 
     def _run(self, session: Session, run_id: str, project: str) -> Run:
         run = find_run(session, run_id, project)
@@ -394,6 +394,17 @@ class RunService:
     def _require(run_id: str) -> None:
         if not plausible_id(run_id):
             raise RunNotFound(run_id)
+
+
+def compare_with_labels(
+    session: Session, base: Run, candidate: Run, **options: Any
+) -> dict[str, Any]:
+    """queries.compare_runs with `corrected`: the mean difference corrected by both runs'
+    labels of random samples (labels.corrected_comparison; None unless both have them).
+    Computed on every read, not kept with the comparison: labels change after runs end."""
+    comparison = queries.compare_runs(session, base, candidate, **options)
+    corrected = labels.corrected_comparison(session, base, candidate, comparison)
+    return {**comparison, "corrected": corrected}
 
 
 def _inherit_claims(session: Session, run: Run, earlier: Run) -> int:

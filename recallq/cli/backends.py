@@ -16,7 +16,7 @@ from recallq.client import Client
 from recallq.db import Database, is_sqlite
 from recallq.display import database_label
 from recallq.gates import CommandError
-from recallq.runs import RunService
+from recallq.runs import RunService, compare_with_labels
 from recallq.settings import Settings
 from recallq.tables import Run
 
@@ -109,7 +109,7 @@ class LocalBackend:
         with self.database.session() as session:
             base_run, candidate_run = self._run(session, base), self._run(session, candidate)
             try:
-                return queries.compare_runs(session, base_run, candidate_run, by)
+                return compare_with_labels(session, base_run, candidate_run, by=by)
             except queries.IncomparableRuns as exc:
                 raise CommandError(str(exc)) from None
 

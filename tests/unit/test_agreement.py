@@ -174,3 +174,88 @@ def test_kappa_matches_the_flip_rate() -> None:
     assert low <= expected <= high
     flips = agreement.flip_rate(sample, seed=7)
     assert flips["rate_ci95"][0] <= f <= flips["rate_ci95"][1]
+
+
+def _judged_pair(seed: int, items: int = 1500, sampled: int = 150) -> tuple:
+    """Two runs of the same items, the candidate's retrieval better (a higher true support),
+    judged with different error rates (the base's judge flips 30%, the candidate's 10%), so
+    the judges' difference is biased; each run has its own random labelled sample."""
+    rng = random.Random(seed)
+    runs: list[tuple[list[list[str]], list[list[str]]]] = []
+    supports = [rng.betavariate(2, 2) for _ in range(items)]
+    sizes = [rng.randint(1, 5) for _ in range(items)]
+    for lift, flip in ((0.0, 0.3), (0.15, 0.1)):
+        truth, judged = [], []
+        for support, k in zip(supports, sizes, strict=True):
+            human = ["yes" if rng.random() < min(1.0, support + lift) else "no" for _ in range(k)]
+            truth.append(human)
+            judged.append([h if rng.random() >= flip else ("no", "yes")[h == "no"] for h in human])
+        runs.append((truth, judged))
+
+    def score(verdicts: list[str]) -> float:
+        return sum(v == "yes" for v in verdicts) / len(verdicts)
+
+    out = []
+    for truth, judged in runs:
+        scores = [score(j) for j in judged]
+        attributed = [sum(v == "yes" for v in j) for j in judged]
+        cross = sum(a * c for a, c in zip(attributed, sizes, strict=True))
+        totals = JudgeTotals(
+            items,
+            sum(scores),
+            sum(s * s for s in scores),
+            sum(sizes),
+            sum(attributed),
+            sum(a * a for a in attributed),
+            sum(c * c for c in sizes),
+            cross,
+            items,
+        )
+        sample = [
+            LabelledItem(
+                str(i),
+                sizes[i],
+                attributed[i],
+                _claims(list(zip(judged[i], truth[i], strict=True))),
+            )
+            for i in rng.sample(range(items), sampled)
+        ]
+        out.append((totals, sample, scores, sum(score(t) for t in truth) / items))
+    (base_totals, base_sample, base_scores, base_true) = out[0]
+    (cand_totals, cand_sample, cand_scores, cand_true) = out[1]
+    differences = [c - b for b, c in zip(base_scores, cand_scores, strict=True)]
+    mean = sum(differences) / items
+    error = (sum((d - mean) ** 2 for d in differences) / items / items) ** 0.5
+    return (
+        mean,
+        error,
+        agreement.score_corrections(base_totals, base_sample, scale=1.0),
+        agreement.score_corrections(cand_totals, cand_sample, scale=1.0),
+        cand_true - base_true,
+    )
+
+
+def test_the_corrected_difference_covers_the_true_difference_where_the_judges_miss() -> None:
+    covered = judge_missed = 0
+    seeds = 40
+    for seed in range(seeds):
+        judge_difference, error, base, candidate, truth = _judged_pair(seed)
+        found = agreement.corrected_difference(
+            judge_difference, error, base, candidate, scale=1.0, seed=seed, resamples=400
+        )
+        assert found is not None and found["method"] == "ppi"
+        low, high = found["ci95"]
+        covered += low <= truth <= high
+        judge_missed += not (
+            judge_difference - 1.96 * error <= truth <= judge_difference + 1.96 * error
+        )
+    assert covered >= 0.9 * seeds, covered
+    assert judge_missed > seeds / 2, judge_missed
+
+
+def test_no_corrected_difference_without_enough_labels_on_both_sides() -> None:
+    few = [0.0] * (agreement.MIN_CORRECTED_ITEMS - 1)
+    enough = [0.0] * agreement.MIN_CORRECTED_ITEMS
+    assert agreement.corrected_difference(0.1, 0.01, few, enough, scale=1.0) is None
+    found = agreement.corrected_difference(0.1, 0.01, enough, enough, scale=1.0)
+    assert found is not None and found["mean_difference"] == found["judge_mean_difference"] == 0.1

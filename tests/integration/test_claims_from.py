@@ -204,3 +204,64 @@ def test_an_item_the_source_run_has_no_claims_for_is_extracted_as_usual(
     claims = _claims(api, keys["write"], run["id"])
     assert [text for text, _ in claims["doc/2"]] == ["Station x2 reported hail"]
     assert len(claims["doc/new"]) == 3 and len(claims["doc/0"]) == 3
+
+
+def _label_by_the_rule(api: str, key: str, run_id: str) -> None:
+    """Draw every item as the random sample and label each claim with the stub's own rule:
+    a flipped verdict's opposite (the person is right where the judge erred)."""
+    drawn = httpx.post(
+        f"{api}/v1/runs/{run_id}/labels/sample",
+        json={"size": N_ITEMS, "seed": 3},
+        headers=bearer(key),
+    )
+    assert drawn.status_code in (200, 201), drawn.text
+    rows = []
+    for item in _results(api, key, run_id):
+        for claim in item["claims"]:
+            right = claim["verdict"]
+            if claim["reason"] == "stub: flipped":
+                right = "no" if right == "yes" else "yes"
+            rows.append({"item_id": item["id"], "claim_index": claim["index"], "verdict": right})
+    stored = httpx.post(
+        f"{api}/v1/runs/{run_id}/labels",
+        content="".join(json.dumps(row) + "\n" for row in rows),
+        headers={**bearer(key), "Content-Type": "application/x-ndjson"},
+    )
+    assert stored.status_code == 200 and stored.json()["stored"] == len(rows), stored.text
+
+
+def test_compare_corrects_the_difference_when_both_runs_have_sampled_labels(
+    api: str, env: dict[str, str], keys: dict[str, str], clean_stub: Any
+) -> None:
+    clean_stub.configure(flip_rate=0.3, flip_per_call=False, flip_seed=8)
+    try:
+        base = _scored_run(api, keys["write"], "c")
+    finally:
+        clean_stub.configure(flip_rate=0.0)
+    candidate = _scored_run(api, keys["write"], "c")  # the same items, a judge that does not err
+    params = {"base": base, "candidate": candidate}
+    plain = httpx.get(f"{api}/v1/compare", params=params, headers=bearer(keys["write"])).json()
+    assert plain["corrected"] is None and plain["mean_difference"] != 0  # the judges differ
+    _label_by_the_rule(api, keys["write"], base)
+    _label_by_the_rule(api, keys["write"], candidate)
+    body = httpx.get(f"{api}/v1/compare", params=params, headers=bearer(keys["write"])).json()
+    corrected = body["corrected"]
+    assert corrected["labelled_items"] == {"base": N_ITEMS, "candidate": N_ITEMS}
+    assert corrected["judge_mean_difference"] == body["mean_difference"]
+    # every item labelled by the truth, which is the same for both: no true difference (up
+    # to the stored scores' rounding to 2 decimals: 1/3 is kept as 0.33)
+    assert abs(corrected["mean_difference"]) < 0.01 < abs(body["mean_difference"])
+    low, high = corrected["ci95"]
+    assert low <= 0 <= high
+    shown = recallq(
+        {**env, "RECALLQ_API_URL": api, "RECALLQ_API_KEY": keys["write"]},
+        "compare",
+        base,
+        candidate,
+    )
+    assert shown.returncode == 0 and "corrected_difference" in shown.stdout, shown.stderr
+    with httpx.Client(base_url=api, timeout=60) as browser:
+        signed_in = browser.post("/signin", data={"key": keys["write"], "next": "/"})
+        assert signed_in.status_code == 303, signed_in.text
+        page = browser.get("/compare", params=params)
+    assert page.status_code == 200 and 'data-testid="corrected-difference"' in page.text

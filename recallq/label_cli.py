@@ -81,7 +81,7 @@ def _add_api(parser: argparse.ArgumentParser) -> None:
 
 
 def _seed(text: str) -> int:
-    if not text.isdigit() or len(text) > 18:
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
         raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more: {text!r}")
     return int(text)
 

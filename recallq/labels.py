@@ -38,6 +38,7 @@ MAX_SAMPLE = 10_000  # items in one labelling sample (each is a stored id)
 MAX_IMPORT_BYTES = 10 * 1024 * 1024
 MAX_IMPORT_ROWS = 100_000
 MAX_PROBLEMS = 200  # problems listed in an import's answer (all are counted)
+BIND_CHUNK = 10_000  # ids per IN (...): a statement binds at most 65,535 values (psycopg)
 SAMPLE_COLUMNS = [
     "item_id",
     "claim_index",
@@ -245,7 +246,7 @@ def parse_file(data: bytes, format: str | None = None) -> tuple[list[Row], list[
                 continue
             try:
                 value = json.loads(line)
-            except (json.JSONDecodeError, RecursionError):
+            except (ValueError, RecursionError):  # ValueError: an integer of 4,300+ digits
                 problems.append({"line": number, "problem": "not a JSON object"})
                 continue
             if not isinstance(value, dict):
@@ -279,18 +280,21 @@ def import_rows(
     A row whose verdict is empty is skipped (a sample file's rows left to fill in); a second
     row for a claim already labelled by this file is a problem, the first one stands.
     """
-    keys = {str(r.fields.get("item_id")) for r in rows if r.fields.get("item_id") not in (None, "")}
-    items = {
-        item.key: item
-        for item in session.scalars(select(Item).where(Item.run_id == run_id, Item.key.in_(keys)))
-    } if keys else {}  # fmt: skip
+    cells = (_unescaped(r.fields.get("item_id")) for r in rows)
+    keys = sorted({key for pair in cells for key in pair if key and text_problem(key) is None})
     claims: dict[int, dict[int, Claim]] = defaultdict(dict)
     by_text: dict[str, list[tuple[Item, Claim]]] = defaultdict(list)
     wants_text = any(r.fields.get("claim_index") in (None, "") for r in rows)
     query = select(Item, Claim).join(Claim, Claim.item_id == Item.id).where(Item.run_id == run_id)
-    if not wants_text:
-        query = query.where(Item.key.in_(keys))
-    for item, claim in session.execute(query):
+    items: dict[str, Item] = {}
+    pairs: list[Any] = list(session.execute(query)) if wants_text else []
+    for start in range(0, len(keys), BIND_CHUNK):
+        chunk = keys[start : start + BIND_CHUNK]
+        named = select(Item).where(Item.run_id == run_id, Item.key.in_(chunk))
+        items |= {item.key: item for item in session.scalars(named)}
+        if not wants_text:
+            pairs += session.execute(query.where(Item.key.in_(chunk)))
+    for item, claim in pairs:
         claims[item.id][claim.idx] = claim
         if wants_text:
             by_text[claim.text].append((item, claim))
@@ -331,7 +335,7 @@ def _row(
     verdict, note = check_verdict(raw), check_note(fields.get("note"))
     key, index, text = fields.get("item_id"), fields.get("claim_index"), fields.get("claim")
     if key not in (None, ""):
-        item = items.get(str(key))
+        item = next((items[k] for k in _unescaped(key) if k in items), None)
         if item is None:
             raise LabelError(f"no item {str(key)[:80]!r} in this run")
         if index not in (None, ""):
@@ -342,23 +346,36 @@ def _row(
             return item, claim, verdict, note
         if not isinstance(text, str) or not text:
             raise LabelError("a row needs claim_index or claim")
-        matches = [c for c in claims[item.id].values() if c.text == text]
+        texts = _unescaped(text)
+        matches = [c for c in claims[item.id].values() if c.text in texts]
         if not matches:
             raise LabelError(f"item {item.key[:80]!r} has no claim {text[:80]!r}")
         return item, matches[0], verdict, note
     if not isinstance(text, str) or not text:
         raise LabelError("a row needs item_id and claim_index, or claim")
-    found = by_text.get(text, [])
+    found = next((by_text[t] for t in _unescaped(text) if t in by_text), [])
     if len(found) != 1:
         why = "no claim" if not found else f"{len(found)} claims"
         raise LabelError(f"{why} of this run reads {text[:80]!r} (add item_id)")
     return found[0][0], found[0][1], verdict, note
 
 
+def _unescaped(value: Any) -> tuple[str, ...]:
+    """What a cell may name: itself, and for a cell our CSV made spreadsheet-safe (`'=x`) also
+    the text before that (`=x`), so a sample file filled in and imported back finds its items."""
+    if value in (None, ""):
+        return ()
+    from recallq.export import spreadsheet_original
+
+    text = str(value)
+    original = spreadsheet_original(text)
+    return (text,) if original == text else (text, original)
+
+
 def _index(value: Any) -> int:
     try:
         number = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: 1e400 is infinity
         raise LabelError(f"claim_index must be a whole number, not {str(value)[:40]!r}") from None
     if isinstance(value, float | bool) or not 0 <= number < 2**31:
         raise LabelError(f"claim_index must be a whole number, not {str(value)[:40]!r}")

@@ -401,3 +401,47 @@ def test_hostile_text_is_escaped_on_the_label_and_item_pages(
                 or "<img src=x onerror" not in page.text
             )
             assert "<script>alert(2)" not in page.text and "<img src=x" not in page.text
+
+
+# --- /metrics --------------------------------------------------------------------------------
+
+
+def _series(api: str) -> set[str]:
+    page = httpx.get(f"{api}/metrics")
+    assert page.status_code == 200, page.text
+    return {line.rsplit(" ", 1)[0] for line in page.text.splitlines() if not line.startswith("#")}
+
+
+def test_metrics_carry_no_id_key_or_text_and_clients_cannot_add_series(
+    api: str, env: dict[str, str], keys: dict[str, str], run: str, rival_run: str
+) -> None:
+    write = bearer(keys["write"])
+    httpx.put(
+        f"{api}/v1/runs/{run}/items/plain/claims/0/label", json={"verdict": "yes"}, headers=write
+    )
+    before = _series(api)
+    for attempt in range(3):  # hostile requests of every kind, each kind twice at least
+        for model in ["evil/" + "m" * 150, f"openai/{run}", "../../etc/passwd", "local/lexical\n"]:
+            refused = submit(api, keys["write"], {"items": ITEMS[:1], "model": model})
+            assert refused.status_code in (400, 422), refused.text
+        for method in ["PROPFIND", "BREW", "GET", "TRACE"]:
+            httpx.request(method, f"{api}/v1/runs/{run}/labels/x{attempt}", headers=write)
+            httpx.request(method, f"{api}/runs/{run}/label/{attempt}", headers=write)
+        httpx.get(f"{api}/v1/runs/{run}/items/{_path(HOSTILE_ID)}/claims/{attempt}/label")
+        httpx.get(
+            f"{api}/v1/runs/{run}/agreement?by=topic{attempt}&against={rival_run}", headers=write
+        )
+    after = _series(api)
+    added = after - before
+    page = httpx.get(f"{api}/metrics").text
+    secrets = [run, rival_run, *keys.values(), "plain", "Paris", "etc/passwd", "mmmmmmmm"]
+    secrets += [key_id_of(env, name) for name in ("probe-write", "rival-write")]
+    secrets += [env["RECALLQ_DATABASE_URL"], env["STUB_API_KEY"], "onerror"]
+    for secret in secrets:
+        assert secret not in page, secret
+    # what the hostile requests may add: a series per route template, method and status
+    routes = {re.search(r'route="([^"]*)"', s).group(1) for s in added if "route=" in s}  # type: ignore[union-attr]
+    methods = {re.search(r'method="([^"]*)"', s).group(1) for s in added if "method=" in s}  # type: ignore[union-attr]
+    assert methods <= {"GET", "POST", "other"}, methods
+    assert all(r.startswith("/") or r == "unmatched" for r in routes), routes
+    assert len(routes) <= 6, routes

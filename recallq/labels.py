@@ -38,6 +38,9 @@ MAX_SAMPLE = 10_000  # items in one labelling sample (each is a stored id)
 MAX_IMPORT_BYTES = 10 * 1024 * 1024
 MAX_IMPORT_ROWS = 100_000
 MAX_PROBLEMS = 200  # problems listed in an import's answer (all are counted)
+# values of a `by=` field the agreement is split by: each is a bootstrap of its own (about
+# 3 ms), so a field with a value per item (an id) would cost minutes of CPU per request
+MAX_AGREEMENT_GROUPS = 100
 BIND_CHUNK = 10_000  # ids per IN (...): a statement binds at most 65,535 values (psycopg)
 SAMPLE_COLUMNS = [
     "item_id",
@@ -543,9 +546,14 @@ def agreement_view(
     in_sample = set(drawn.item_keys) if drawn is not None else set()
     sampled = [item for item in items if item.key in in_sample]
     totals = _judge_totals(session, run, by)
+    names = sorted({g for g in totals if g is not None} | {i.group for i in items if i.group})
+    if len(names) > MAX_AGREEMENT_GROUPS:  # before any bootstrap
+        raise LabelError(
+            f"metadata field {str(by)[:80]!r} has {len(names)} values; agreement is split by "
+            f"a field of at most {MAX_AGREEMENT_GROUPS}"
+        )
     body = _body(items, sampled, totals.get(None) if by is None else _all(totals), run, seed)
     if by is not None:
-        names = sorted({g for g in totals if g is not None} | {i.group for i in items if i.group})
         body["by_group"] = {
             name: _body(
                 [i for i in items if i.group == name],

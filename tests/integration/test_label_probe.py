@@ -445,3 +445,29 @@ def test_metrics_carry_no_id_key_or_text_and_clients_cannot_add_series(
     assert methods <= {"GET", "POST", "other"}, methods
     assert all(r.startswith("/") or r == "unmatched" for r in routes), routes
     assert len(routes) <= 6, routes
+
+
+def test_agreement_by_a_field_with_a_value_per_item_is_a_422_not_minutes_of_cpu(
+    api: str, keys: dict[str, str]
+) -> None:
+    """Each group of `by=` is a bootstrap of its own: a field with a value per item (an id)
+    let a read key spend minutes of API CPU per request."""
+    items = [
+        {"id": f"g{i}", "ground_truth": f"Fact {i} holds.", "context": [f"Fact {i} holds."],
+         "unique": f"u{i}", "half": i % 2}
+        for i in range(120)
+    ]  # fmt: skip
+    run = _scored(api, keys["write"], items)
+    rows = "".join(f"g{i},0,{'yes' if i % 3 else 'no'}\n" for i in range(120))
+    stored = _import(
+        api, keys["write"], run, f"item_id,claim_index,verdict\n{rows}".encode(), "text/csv"
+    )
+    assert stored.status_code == 200 and stored.json()["stored"] == 120, stored.text
+    read = bearer(keys["read"])
+    refused = httpx.get(f"{api}/v1/runs/{run}/agreement?by=unique", headers=read, timeout=120)
+    assert error_of(refused) == (422, "invalid_request")
+    assert "120 values" in refused.json()["error"]["message"]
+    split = httpx.get(f"{api}/v1/runs/{run}/agreement?by=half", headers=read, timeout=120)
+    assert split.status_code == 200, split.text
+    assert sorted(split.json()["by_group"]) == ["0", "1"]
+    assert split.json()["labelled_claims"] == 120

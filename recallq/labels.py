@@ -450,11 +450,12 @@ def sample_rows(session: Session, run: Run, keys: Sequence[str]) -> Iterator[dic
             }
 
 
-def sample_lines(rows: Iterable[dict[str, Any]]) -> Iterator[str]:
+def sample_lines(rows: Iterable[dict[str, Any]], header: bool = True) -> Iterator[str]:
     """The sample as CSV lines (cells that a spreadsheet would run as formulas made safe)."""
     from recallq.export import spreadsheet_safe
 
-    yield _csv_line(SAMPLE_COLUMNS)
+    if header:
+        yield _csv_line(SAMPLE_COLUMNS)
     for row in rows:
         yield _csv_line([spreadsheet_safe(row[c]) for c in SAMPLE_COLUMNS])
 

@@ -471,3 +471,29 @@ def test_agreement_by_a_field_with_a_value_per_item_is_a_422_not_minutes_of_cpu(
     assert split.status_code == 200, split.text
     assert sorted(split.json()["by_group"]) == ["0", "1"]
     assert split.json()["labelled_claims"] == 120
+
+
+def test_the_sample_file_is_read_in_pages_with_every_claim_once_in_the_drawn_order(
+    api: str, keys: dict[str, str]
+) -> None:
+    """The sample file is streamed a few items at a time (each row repeats its item's
+    passages: a large sample was gigabytes held at once; bench/sample_file.py)."""
+    items = [
+        {"id": f"p{i}", "ground_truth": f"Fact {i} holds. Fact {i} stays.",
+         "context": [f"Fact {i} holds."]}
+        for i in range(25)
+    ]  # fmt: skip
+    run = _scored(api, keys["write"], items)
+    write = bearer(keys["write"])
+    drawn = httpx.post(
+        f"{api}/v1/runs/{run}/labels/sample", json={"size": 25, "seed": 3}, headers=write
+    )
+    order = drawn.json()["item_ids"]
+    sheet = httpx.get(f"{api}/v1/runs/{run}/labels/sample?format=csv", headers=write)
+    assert sheet.status_code == 200 and sheet.headers["content-type"].startswith("text/csv")
+    assert sheet.text.count("item_id,claim_index") == 1
+    rows = list(csv.DictReader(io.StringIO(sheet.text)))
+    assert [(r["item_id"], r["claim_index"]) for r in rows] == [
+        (key, str(index)) for key in order for index in range(2)
+    ]
+    assert all(r["context"] == f"[0] Fact {r['item_id'][1:]} holds." for r in rows)

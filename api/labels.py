@@ -12,6 +12,7 @@ Every route looks the run up in the key's project (another project's run is a 40
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -33,6 +34,7 @@ from recallq.runtime import Runtime
 router = APIRouter(tags=["labels"])
 errors = schemas.error_responses
 T = TypeVar("T")
+LABEL_PAGE = 1_000  # labels of the export read at once
 SAMPLE_PAGE_ITEMS = 10  # items of the sample file read at once (each up to ~1 MB of passages)
 ClaimIndex = Annotated[int, Path(ge=0, le=2**31 - 1, description="the claim's index")]
 
@@ -199,11 +201,33 @@ def get_labels(
     format: Literal["json", "jsonl", "csv"] = "json",
 ) -> Any:
     """Every label of the run, in item then claim order."""
-    found = _in_run(runtime, run_id, project, lambda s, run: labels.list_labels(s, run.id))
+    found = _in_run(runtime, run_id, project, lambda s, run: run.id)
+    media = {"json": "application/json", "csv": "text/csv", "jsonl": "application/x-ndjson"}
+    return StreamingResponse(_label_pages(runtime, found, format), media_type=media[format])
+
+
+def _label_pages(runtime: Runtime, run_id: str, format: str) -> Iterator[str]:
+    """The labels, LABEL_PAGE of them per short transaction, as fast as the client reads
+    (a run's labels carry notes of up to 2,000 characters each: held at once, a large run's
+    were hundreds of megabytes per request)."""
+    after: tuple[int, int] | None = None
+    first = True
     if format == "json":
-        return {"labels": found}
-    media = "text/csv" if format == "csv" else "application/x-ndjson"
-    return StreamingResponse(iter(labels.export_lines(found, format)), media_type=media)
+        yield '{"labels": ['
+    while True:
+        with runtime.database.session() as session:
+            page, after = labels.list_labels(session, run_id, after, LABEL_PAGE)
+        if format == "json":
+            for label in page:
+                yield ("" if first else ",") + json.dumps(label, ensure_ascii=False)
+                first = False
+        else:
+            yield from labels.export_lines(page, format, header=first)
+            first = False
+        if len(page) < LABEL_PAGE:
+            break
+    if format == "json":
+        yield "]}"
 
 
 @router.post(

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import delete, func, select, tuple_
 from sqlalchemy.orm import Session
 
 from recallq import agreement
@@ -185,30 +185,42 @@ def label_view(
     }
 
 
-def list_labels(session: Session, run_id: str) -> list[dict[str, Any]]:
-    """Every label of the run, in item order then claim order."""
-    rows = session.execute(
-        select(Item.key, Claim, ClaimLabel)
+def list_labels(
+    session: Session, run_id: str, after: tuple[int, int] | None = None, limit: int | None = None
+) -> tuple[list[dict[str, Any]], tuple[int, int] | None]:
+    """The run's labels in item order then claim order: `limit` of them after the position
+    `after` (item index, claim index), and the position of the last one (None when none)."""
+    query = (
+        select(Item.idx, Item.key, Claim, ClaimLabel)
         .join(Item, Item.id == ClaimLabel.item_id)
         .join(Claim, (Claim.item_id == ClaimLabel.item_id) & (Claim.idx == ClaimLabel.claim_idx))
         .where(ClaimLabel.run_id == run_id)
         .order_by(Item.idx, ClaimLabel.claim_idx)
     )
-    return [
+    if after is not None:
+        query = query.where(tuple_(Item.idx, ClaimLabel.claim_idx) > tuple_(*after))
+    if limit is not None:
+        query = query.limit(limit)
+    rows = list(session.execute(query))
+    found = [
         label_view(key, claim, label.verdict, label.note, label.labelled_by, label.labelled_at)
-        for key, claim, label in rows
+        for _, key, claim, label in rows
     ]
+    return found, ((rows[-1][0], rows[-1][3].claim_idx) if rows else None)
 
 
-def export_lines(labels: Iterable[dict[str, Any]], format: str) -> Iterator[str]:
-    """The labels as JSONL or CSV text lines."""
+def export_lines(
+    labels: Iterable[dict[str, Any]], format: str, header: bool = True
+) -> Iterator[str]:
+    """The labels as JSONL or CSV text lines (`header`: the CSV's first line)."""
     if format == "jsonl":
         for label in labels:
             yield json.dumps(label, ensure_ascii=False) + "\n"
         return
     from recallq.export import spreadsheet_safe
 
-    yield _csv_line(EXPORT_COLUMNS)
+    if header:
+        yield _csv_line(EXPORT_COLUMNS)
     for label in labels:
         yield _csv_line([spreadsheet_safe(label[c]) for c in EXPORT_COLUMNS])
 

@@ -497,3 +497,36 @@ def test_the_sample_file_is_read_in_pages_with_every_claim_once_in_the_drawn_ord
         (key, str(index)) for key in order for index in range(2)
     ]
     assert all(r["context"] == f"[0] Fact {r['item_id'][1:]} holds." for r in rows)
+
+
+def test_the_labels_export_is_read_in_pages_with_every_label_once_in_order(
+    api: str, keys: dict[str, str]
+) -> None:
+    """More labels than one page of the export (1,000), in JSON, JSONL and CSV."""
+    items = [
+        {"id": f"e{i}", "ground_truth": f"Fact {i} holds. Fact {i} stays.",
+         "context": [f"Fact {i} holds."]}
+        for i in range(600)
+    ]  # fmt: skip
+    run = _scored(api, keys["write"], items)
+    rows = "".join(
+        f"e{i},{k},{'yes' if (i + k) % 2 else 'no'},=n{i}\n" for i in range(600) for k in (0, 1)
+    )
+    stored = _import(
+        api, keys["write"], run, f"item_id,claim_index,verdict,note\n{rows}".encode(), "text/csv"
+    )
+    assert stored.json()["stored"] == 1200, stored.text[:300]
+    expected = [(f"e{i}", k) for i in range(600) for k in (0, 1)]
+    read = bearer(keys["read"])
+    url = f"{api}/v1/runs/{run}/labels"
+    as_json = httpx.get(url, headers=read, timeout=120)
+    assert as_json.headers["content-type"].startswith("application/json")
+    assert [(x["item_id"], x["claim_index"]) for x in as_json.json()["labels"]] == expected
+    assert as_json.json()["labels"][0]["note"] == "=n0"
+    jsonl = httpx.get(url + "?format=jsonl", headers=read, timeout=120).text.splitlines()
+    assert [(x["item_id"], x["claim_index"]) for x in map(json.loads, jsonl)] == expected
+    sheet = httpx.get(url + "?format=csv", headers=read, timeout=120).text
+    assert sheet.count("item_id,claim_index") == 1
+    table = list(csv.DictReader(io.StringIO(sheet)))
+    assert [(r["item_id"], int(r["claim_index"])) for r in table] == expected
+    assert table[0]["note"] == "'=n0"  # spreadsheet-safe

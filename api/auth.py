@@ -16,7 +16,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from api.errors import ApiError
+from api.errors import HttpError
 from recallq.apikeys import DEFAULT_PROJECT, KeyStore, Principal
 from recallq.runtime import Runtime
 
@@ -30,8 +30,8 @@ bearer = HTTPBearer(
 )
 
 
-def _unauthenticated(message: str) -> ApiError:
-    return ApiError(401, "unauthenticated", message, CHALLENGE)
+def _unauthenticated(message: str) -> HttpError:
+    return HttpError(401, "unauthenticated", message, CHALLENGE)
 
 
 def current_principal(
@@ -58,7 +58,7 @@ Caller = Annotated[Principal, Depends(current_principal)]
 
 def _require(principal: Principal, role: str) -> Principal:
     if not principal.may(role):
-        raise ApiError(
+        raise HttpError(
             403, "forbidden", f"this key's role ({principal.role}) may not do this; it needs {role}"
         )
     return principal

@@ -25,7 +25,7 @@ import anyio
 from fastapi import Request
 from starlette.requests import ClientDisconnect
 
-from api.errors import ApiError
+from api.errors import HttpError
 from recallq.settings import Settings
 
 CHUNK_SPLIT = b"\n"
@@ -49,8 +49,8 @@ class Pace:
         return min(self.timeout, by_rate)
 
 
-def _too_slow(pace: Pace) -> ApiError:
-    return ApiError(
+def _too_slow(pace: Pace) -> HttpError:
+    return HttpError(
         408,
         "request_timeout",
         f"the request body arrived too slowly (it must come at {pace.min_rate:g} bytes/s "
@@ -58,8 +58,8 @@ def _too_slow(pace: Pace) -> ApiError:
     )
 
 
-def too_large(limit: int, what: str = "request body") -> ApiError:
-    return ApiError(413, "body_too_large", f"{what} larger than {limit} bytes")
+def too_large(limit: int, what: str = "request body") -> HttpError:
+    return HttpError(413, "body_too_large", f"{what} larger than {limit} bytes")
 
 
 def declared_length(request: Request) -> int | None:
@@ -81,7 +81,7 @@ async def paced_chunks(request: Request, pace: Pace) -> AsyncIterator[bytes]:
             try:
                 chunk = await anext(stream, b"")
             except ClientDisconnect:
-                raise ApiError(400, "client_disconnected", "the client went away") from None
+                raise HttpError(400, "client_disconnected", "the client went away") from None
             if chunk == b"":
                 return
         if chunk is None:  # the wait ran out
@@ -158,7 +158,7 @@ def _count(upload: SpooledUpload, chunk: bytes, settings: Settings) -> None:
         if upload._line_blank and piece.strip():
             upload._line_blank = False
         if upload._line_bytes > settings.max_item_bytes:
-            raise ApiError(
+            raise HttpError(
                 413,
                 "item_too_large",
                 f"line {upload.lines + 1}: an NDJSON line is larger than "
@@ -167,7 +167,7 @@ def _count(upload: SpooledUpload, chunk: bytes, settings: Settings) -> None:
     # a line still open counts as soon as it has bytes: padding cannot hide
     open_line = 1 if upload._line_bytes else 0
     if upload.lines + open_line > settings.max_items_per_run:
-        raise ApiError(
+        raise HttpError(
             413,
             "too_many_items",
             f"an NDJSON body may hold at most {settings.max_items_per_run} lines (a run holds "
@@ -189,7 +189,7 @@ async def spool_ndjson(request: Request, settings: Settings, budget: SpoolBudget
     try:
         async for chunk in paced_chunks(request, Pace.of(settings)):
             if not budget.take(len(chunk)):
-                raise ApiError(
+                raise HttpError(
                     503,
                     "busy",
                     "the server is receiving as much upload data as it holds at once; retry",

@@ -36,7 +36,7 @@ STATUS_CODES = {
 }
 
 
-class ApiError(Exception):
+class HttpError(Exception):
     def __init__(
         self, status: int, code: str, message: str, headers: dict[str, str] | None = None
     ) -> None:
@@ -53,8 +53,8 @@ def error_response(
     )
 
 
-def not_found(what: str) -> ApiError:
-    return ApiError(404, "not_found", f"{what} not found")
+def not_found(what: str) -> HttpError:
+    return HttpError(404, "not_found", f"{what} not found")
 
 
 def _closing(request: Request, headers: dict[str, str] | None) -> dict[str, str] | None:
@@ -70,8 +70,8 @@ def _closing(request: Request, headers: dict[str, str] | None) -> dict[str, str]
 
 
 def install(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+    @app.exception_handler(HttpError)
+    async def _api_error(request: Request, exc: HttpError) -> JSONResponse:
         headers = _closing(request, exc.headers)
         return error_response(exc.status, exc.code, exc.message, headers)
 

@@ -39,7 +39,7 @@ from api.pages import (
 from api.routes import find_run, plausible_id
 from recallq import labels, queries
 from recallq.apikeys import Principal
-from recallq.models import Run
+from recallq.tables import Run
 
 router = APIRouter(include_in_schema=False)
 DEFAULT_SAMPLE = 200

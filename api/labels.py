@@ -25,11 +25,11 @@ from sqlalchemy.orm import Session
 from api import schemas
 from api.auth import Project, Writer
 from api.body import Pace, paced_chunks, too_large
-from api.errors import ApiError, not_found
+from api.errors import HttpError, not_found
 from api.routes import MetadataField, Rt, find_run, plausible_id
 from recallq import labels
-from recallq.models import Run
 from recallq.runtime import Runtime
+from recallq.tables import Run
 
 router = APIRouter(tags=["labels"])
 errors = schemas.error_responses
@@ -134,7 +134,7 @@ def _in_run(runtime: Runtime, run_id: str, project: str, work: Callable[[Session
             return work(session, run)
         except labels.LabelError as exc:
             code = {404: "not_found", 413: "body_too_large"}.get(exc.status, "invalid_request")
-            raise ApiError(exc.status, code, exc.message) from None
+            raise HttpError(exc.status, code, exc.message) from None
 
 
 LABEL_PATH = "/v1/runs/{run_id}/items/{item_id:path}/claims/{claim_index}/label"

@@ -19,7 +19,7 @@ from fastapi.responses import Response
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api.errors import ApiError
+from api.errors import HttpError
 from recallq import metrics
 from recallq.runtime import Runtime
 
@@ -59,7 +59,7 @@ def install(app: FastAPI, runtime: Runtime) -> None:
 def _check_access(request: Request, token: str | None) -> None:
     if token is None:
         if not _on_this_host(request):
-            raise ApiError(
+            raise HttpError(
                 403,
                 "forbidden",
                 "/metrics is served to this host only; set RECALLQ_METRICS_TOKEN to let a "
@@ -70,7 +70,7 @@ def _check_access(request: Request, token: str | None) -> None:
     if scheme.lower() != "bearer" or not hmac.compare_digest(
         given.strip().encode("utf-8", "surrogateescape"), token.encode()
     ):
-        raise ApiError(
+        raise HttpError(
             401,
             "unauthenticated",
             "/metrics needs Authorization: Bearer with the metrics token",

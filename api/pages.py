@@ -32,10 +32,10 @@ from api.page_auth import Browser
 from api.routes import cancel, find_run, plausible_id, retry
 from recallq import compare as ab
 from recallq import inputs, labels, queries, viewer
-from recallq.models import Run
 from recallq.runtime import Runtime
-from recallq.status import RUN_ACTIVE
+from recallq.status import RUN_ACTIVE, PublicItemStatus, RunStatus
 from recallq.store import RunCancelledError, RunNotFound
+from recallq.tables import Run
 from recallq.viewer.figures import MAX_SCATTER_POINTS
 
 log = logging.getLogger(__name__)
@@ -48,8 +48,8 @@ COMPARE_TOP = 20
 COMPARE_CHOICES = 100
 MAX_PARAM = 200  # characters of any query parameter (ids, names, text, cursors)
 MAX_FORM_BYTES = 4096
-RUN_STATUSES = ("queued", "running", "completed", "cancelled")
-ITEM_STATUSES = ("pending", "running", "succeeded", "failed", "cancelled")
+RUN_STATUSES = tuple(RunStatus)
+ITEM_STATUSES = tuple(PublicItemStatus)
 REFRESH_SECONDS = 5
 # Pages load only this origin's stylesheet and script, post forms only here, and are never
 # framed: the CSP the templates are written for (no inline script or style).
@@ -131,7 +131,7 @@ def _render(
 def _error_page(request: Request, status: int, title: str, message: str) -> HTMLResponse:
     try:
         browser = page_auth.browser(request)
-    except Exception:  # noqa: BLE001  (an error page must render even when the database is down)
+    except Exception:  # an error page must render even when the database is down
         browser = Browser(None, None, b"")
     return _render(
         request, browser, "error.html", status, status=status, title=title, message=message

@@ -26,12 +26,13 @@ from sqlalchemy.orm import Session
 from api import schemas, streams
 from api.auth import AdminProject, Caller, Project, WriteProject, Writer
 from api.body import Pace, SpooledUpload, read_json_body, spool_ndjson
-from api.errors import ApiError, not_found
-from recallq import export, ingest, inputs, model_registry, queries, quotas, scoring
+from api.errors import HttpError, not_found
+from recallq import export, ingest, inputs, judge_models, queries, quotas, scoring
 from recallq.apikeys import Principal
-from recallq.models import Run
 from recallq.runtime import Runtime
+from recallq.status import PublicItemStatus, RunStatus
 from recallq.store import RunActiveError, RunCancelledError, RunNotFound
+from recallq.tables import Run
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -67,7 +68,7 @@ def queue_run(runtime: Runtime, run_id: str) -> None:
     worker's reaper dispatches it later."""
     try:
         runtime.queue.send_dispatch(run_id)
-    except Exception:  # noqa: BLE001  (broker errors vary by transport)
+    except Exception:  # broker errors vary by transport
         log.warning("could not queue run %s now; the reaper will", run_id, exc_info=True)
 
 
@@ -98,7 +99,7 @@ def _json_param(name: str, raw: str | None, max_depth: int) -> Any:
     try:
         return inputs.loads(raw, max_depth, where=name)
     except inputs.UnsafeInput as exc:
-        raise ApiError(422, "invalid_request", f"{exc} (query parameter)") from None
+        raise HttpError(422, "invalid_request", f"{exc} (query parameter)") from None
 
 
 def _admit(runtime: Runtime, principal: Principal, limiter: Any, dry_run: bool) -> None:
@@ -109,14 +110,14 @@ def _admit(runtime: Runtime, principal: Principal, limiter: Any, dry_run: bool) 
             wait = limiter.admit(principal.key_id or ANONYMOUS)
         except RedisError:
             # no way to count this key's submissions: refuse rather than let it through
-            raise ApiError(
+            raise HttpError(
                 503,
                 "unavailable",
                 "cannot check the submission rate now; retry",
                 {"Retry-After": "10"},
             ) from None
         if wait is not None:
-            raise ApiError(
+            raise HttpError(
                 429,
                 "rate_limited",
                 f"too many submissions with this key; retry in {wait:g} s",
@@ -134,11 +135,11 @@ def _spec_from_payload(
 ) -> ingest.RunSpec:
     settings = runtime.settings
     if not isinstance(payload, dict) or not isinstance(payload.get("items"), list):
-        raise ApiError(422, "invalid_request", 'body must be an object with an "items" list')
+        raise HttpError(422, "invalid_request", 'body must be an object with an "items" list')
     unknown = set(payload) - RUN_FIELDS
     if unknown:
         names = ", ".join(sorted(name[:40] for name in unknown)[:10])
-        raise ApiError(422, "invalid_request", f"unknown field(s): {names}")
+        raise HttpError(422, "invalid_request", f"unknown field(s): {names}")
     return ingest.build_spec(
         model=payload.get("model"),
         default_model=settings.default_model,
@@ -155,7 +156,7 @@ def _spec_from_payload(
         budget_tokens=payload.get("budget_tokens"),
         limits=ingest.limits_of(settings),
         mode=payload.get("mode"),
-        batch_models=model_registry.batch_models(runtime.models),
+        batch_models=judge_models.batch_models(runtime.models),
     )
 
 
@@ -195,7 +196,7 @@ def _store(
         with runtime.database.session() as session:
             found = replay(session)
         if found is None:  # the twin was rolled back after all
-            raise ApiError(
+            raise HttpError(
                 409, "conflict", "a submission with this Idempotency-Key failed; retry"
             ) from None
         return found
@@ -215,7 +216,7 @@ def _submit_json(
     try:
         payload = inputs.loads(body, runtime.settings.max_json_depth)
     except inputs.UnsafeInput as exc:
-        raise ApiError(400, "invalid_json", str(exc)) from None
+        raise HttpError(400, "invalid_json", str(exc)) from None
     spec = _spec_from_payload(runtime, payload, principal.project, key)
     items: Iterable[Any] = payload["items"]
     max_item = runtime.settings.max_item_bytes
@@ -315,7 +316,7 @@ async def create_run(
     key = idempotency_key.strip() if idempotency_key else None
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type not in (NDJSON, "application/json"):  # none: a Blob from another site
-        raise ApiError(415, "unsupported_media_type", f"use application/json or {NDJSON}")
+        raise HttpError(415, "unsupported_media_type", f"use application/json or {NDJSON}")
     limiter = getattr(request.app.state, "submissions", None)
     await anyio.to_thread.run_sync(_admit, runtime, principal, limiter, dry_run)
     if content_type == NDJSON:
@@ -337,7 +338,7 @@ async def create_run(
             budget_tokens=budget_tokens,
             limits=ingest.limits_of(settings),
             mode=mode,
-            batch_models=model_registry.batch_models(runtime.models),
+            batch_models=judge_models.batch_models(runtime.models),
         )
         upload = await spool_ndjson(request, settings, request.app.state.spool_budget)
         try:
@@ -361,7 +362,6 @@ async def create_run(
 # --- reads ----------------------------------------------------------------------------------
 
 
-RunStatusParam = Literal["queued", "running", "completed", "cancelled"]
 ItemData = Annotated[
     bool,
     Query(description="with each item's input, output, ground_truth, context and metadata"),
@@ -394,7 +394,7 @@ MetadataField = Annotated[
 def list_runs(
     runtime: Rt,
     project: Project,
-    status: RunStatusParam | None = None,
+    status: RunStatus | None = None,
     name: Annotated[str | None, Query(max_length=200, description="exact run name")] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor: Annotated[
@@ -408,7 +408,7 @@ def list_runs(
         try:
             after = queries.decode_run_cursor(cursor)
         except ValueError:
-            raise ApiError(422, "invalid_cursor", "cursor is not one this API returned") from None
+            raise HttpError(422, "invalid_cursor", "cursor is not one this API returned") from None
     if name is not None and inputs.text_problem(name) is not None:
         return {"runs": [], "next_cursor": None}  # no run can have such a name
     with runtime.database.session() as session:
@@ -455,7 +455,7 @@ def compare_runs(
         try:
             return queries.compare_runs(session, base_run, candidate_run, by=by, top=top)
         except queries.IncomparableRuns as exc:
-            raise ApiError(400, "incomparable_runs", str(exc)) from None
+            raise HttpError(400, "incomparable_runs", str(exc)) from None
 
 
 def _decode_cursor(cursor: str | None) -> int | None:
@@ -470,7 +470,7 @@ def _decode_cursor(cursor: str | None) -> int | None:
         except ValueError:
             pass
     if not 0 <= index <= queries.MAX_INDEX:
-        raise ApiError(422, "invalid_cursor", "cursor is not one this API returned")
+        raise HttpError(422, "invalid_cursor", "cursor is not one this API returned")
     return index
 
 
@@ -478,7 +478,6 @@ def _encode_cursor(index: int | None) -> str | None:
     return None if index is None else base64.urlsafe_b64encode(str(index).encode()).decode()
 
 
-ItemStatusParam = Literal["pending", "running", "succeeded", "failed", "cancelled"]
 # The cursors _encode_cursor makes (base64url of 1 to 9 digits), exactly: a cursor is opaque,
 # and the spec says which strings are one, so that a fuzzer of the spec sends only those as
 # valid (any other string is a 422 invalid_cursor).
@@ -501,7 +500,7 @@ def list_items(
     run_id: str,
     runtime: Rt,
     project: Project,
-    status: ItemStatusParam | None = None,
+    status: PublicItemStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     cursor: Cursor = None,
     item_data: ItemData = True,
@@ -643,7 +642,7 @@ def retry_run(run_id: str, runtime: Rt, project: WriteProject) -> JSONResponse:
     except RunNotFound:
         raise not_found(f"run {run_id[:80]}") from None
     except RunCancelledError:
-        raise ApiError(409, "run_cancelled", "a cancelled run cannot be retried") from None
+        raise HttpError(409, "run_cancelled", "a cancelled run cannot be retried") from None
     return JSONResponse({**get_run(run_id, runtime, project), "retried_items": retried}, 202)
 
 
@@ -663,10 +662,10 @@ def delete_run(run_id: str, runtime: Rt, project: AdminProject) -> Response:
     except RunNotFound:
         raise not_found(f"run {run_id[:80]}") from None
     except RunActiveError as exc:
-        raise ApiError(409, "run_active", str(exc)) from None
+        raise HttpError(409, "run_active", str(exc)) from None
     try:
         runtime.gate.forget(run_id)
-    except Exception:  # noqa: BLE001  (the run is gone; leftover keys expire on their own)
+    except Exception:  # the run is gone; leftover keys expire on their own
         log.warning("could not drop the gate state of deleted run %s", run_id, exc_info=True)
     return Response(status_code=204)
 
@@ -695,7 +694,7 @@ def readyz(runtime: Rt) -> JSONResponse:
         with runtime.database.session() as session:
             session.execute(text("SELECT 1"))
         checks["database"] = "ok"
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         checks["database"] = f"error: {type(exc).__name__}"
     alive = 0
     try:
@@ -705,7 +704,7 @@ def readyz(runtime: Rt) -> JSONResponse:
         alive = runtime.heartbeat.live_workers()
         # runs are taken but nothing scores them: say so rather than "ok"
         checks["workers"] = "ok" if alive else "none alive"
-    except Exception as exc:  # noqa: BLE001
+    except Exception as exc:
         checks["redis"] = f"error: {type(exc).__name__}"
     ready = all(v == "ok" for v in checks.values())
     return JSONResponse(

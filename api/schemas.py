@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from recallq import scoring
 from recallq.context import AGENT_INPUT_KEYS
+from recallq.status import PublicItemStatus, RunStatus
 
 
 class _Open(BaseModel):
@@ -48,6 +49,9 @@ class Summary(_Open):
     claims_total: int
     claims_attributed: int
     no_ground_truth: int = Field(description="scored 0: nothing to check, not a retrieval miss")
+    no_context: int = Field(
+        0, description="scored 0: no passage was retrieved for it (usually a pipeline bug)"
+    )
 
 
 class Spent(_Open):
@@ -57,7 +61,7 @@ class Spent(_Open):
     cost_usd: float
 
 
-class Usage(_Open):
+class RunUsage(_Open):
     llm_calls: int = Field(description="calls the provider answered (what is billed)")
     prompt_tokens: int
     completion_tokens: int
@@ -87,7 +91,7 @@ class Waiting(_Open):
 class RunView(_Open):
     id: str
     name: str | None
-    status: Literal["queued", "running", "completed", "cancelled"]
+    status: RunStatus
     model: str
     mode: Literal["online", "batch"] = "online"
     scale: float
@@ -97,7 +101,7 @@ class RunView(_Open):
     retry_deadline_s: float | None = None
     counts: Counts
     summary: Summary
-    usage: Usage
+    usage: RunUsage
     waiting: Waiting | None = None
     batch: BatchProgress | None = None
     cancel_reason: Literal["user", "budget"] | None = None
@@ -140,7 +144,7 @@ class ClaimView(_Open):
 class ItemView(_Open):
     id: str
     index: int
-    status: Literal["pending", "running", "succeeded", "failed", "cancelled"]
+    status: PublicItemStatus
     score: float | None
     reason: str | None
     error: str | None

@@ -24,7 +24,7 @@ import anyio.to_thread
 from fastapi.responses import StreamingResponse
 from starlette.types import Message, Receive, Scope, Send
 
-from api.errors import ApiError
+from api.errors import HttpError
 
 log = logging.getLogger(__name__)
 PAGE_BYTES = 512 * 1024
@@ -47,7 +47,7 @@ class StreamSlots:
     def take(self, key: str) -> None:
         """One more stream for `key`, or 429."""
         if self.per_key > 0 and self.open.get(key, 0) >= self.per_key:
-            raise ApiError(
+            raise HttpError(
                 429,
                 "too_many_streams",
                 f"this key has {self.per_key} result streams open already; finish one first",

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from bench import harness, metrics, pages, scrape, streams
+from bench import bounds, harness, metrics, pages, scrape, streams
 
 Row = tuple[str, ...]
 
@@ -213,6 +213,7 @@ def main() -> None:
     parser.add_argument("--scrape-rounds", type=int, default=6, help="5 s windows of each kind")
     parser.add_argument("--scrape-interval", type=float, default=1.0, help="s between scrapes")
     sections = ["throughput", "cpu", "limit", "ragas", "cache", "big", "pages", "scrape", "streams"]
+    sections += ["bounds"]
     parser.add_argument("--sections", nargs="+", default=sections, choices=sections)
     parser.add_argument("--big-latency-ms", type=float, default=20)
     parser.add_argument("--big-concurrency", type=int, default=16)
@@ -236,6 +237,8 @@ def main() -> None:
         )
     if "pages" in args.sections:
         pages_table(args)
+    if "bounds" in args.sections:
+        print_table("in-process bounds (the unit tests' former clock targets)", bounds.rows())
     if "scrape" in args.sections:
         scrape_table(args)
 

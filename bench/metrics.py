@@ -83,10 +83,10 @@ def litellm_cpu_ms(stub_base_url: str, calls: int = 200) -> float:
     from recallq.coordination.breaker import LocalCircuitBreaker
     from recallq.coordination.gate import OpenGate
     from recallq.coordination.ratelimit import Unlimited
-    from recallq.judge.base import Usage
     from recallq.judge.llm import LLMJudge
-    from recallq.model_registry import ModelConfig
+    from recallq.judge_models import ModelConfig
     from recallq.retry import RetryPolicy
+    from recallq.usage import Usage
 
     config = ModelConfig(
         "stub-judge",

@@ -23,10 +23,11 @@ import httpx
 
 from recallq import display
 from recallq.results import claims_frame, items_frame
+from recallq.status import RUN_ENDED
 
 NDJSON = "application/x-ndjson"
 #: Run statuses after which nothing changes by itself.
-ENDED = ("completed", "cancelled")
+ENDED = RUN_ENDED
 
 #: How long a refused connection is tried again: an API started a moment ago in the same
 #: script (`recallq api &` and then `recallq submit`) takes a second or two to listen.

@@ -25,7 +25,7 @@ from datetime import datetime, timedelta
 from sqlalchemy import select, update
 
 from recallq.db import Database
-from recallq.models import ApiKey, as_utc, utcnow
+from recallq.tables import ApiKey, as_utc, utcnow
 
 KEY_PREFIX = "rq_"
 ROLES = ("read", "write", "admin")

@@ -64,15 +64,17 @@ from recallq.batch_store import (
     NewLine,
 )
 from recallq.claim_cache import ClaimCache
-from recallq.judge.base import NO_USAGE, PermanentJudgeError, Repair, TransientJudgeError, Usage
-from recallq.model_registry import ModelConfig, ModelRegistryError
-from recallq.models import as_utc, utcnow
+from recallq.errors import PermanentJudgeError, TransientJudgeError
+from recallq.judge.base import Repair
+from recallq.judge_models import JudgeModelsError, ModelConfig
 from recallq.outcomes import Stage
-from recallq.pipeline import AskAgain, Claims, Failed, Retry, Scored, Verdicts, Wait
+from recallq.pipeline import AskAgain, Claims, Failed, ResendLater, Scored, Verdicts, Wait
 from recallq.prices import Price, batch_price
 from recallq.redact import Redactor
 from recallq.settings import Settings
 from recallq.store import BatchedItemStore, RunStore
+from recallq.tables import as_utc, utcnow
+from recallq.usage import NO_USAGE, Usage
 
 log = logging.getLogger(__name__)
 
@@ -464,7 +466,7 @@ class BatchLane:
         if isinstance(decision, Failed):
             self.items.fail(conn, item_id, decision.error, usage, request.stage)
             return []
-        assert isinstance(decision, Retry)
+        assert isinstance(decision, ResendLater)
         waited = pipeline.wait_or_give_up(
             decision.error,
             _seconds(row.waiting_since),
@@ -514,7 +516,7 @@ class BatchLane:
                 )
             try:
                 self._apis[model] = self._api_for(config)
-            except ModelRegistryError as exc:  # a key missing from this worker's environment
+            except JudgeModelsError as exc:  # a key missing from this worker's environment
                 raise PermanentJudgeError(str(exc)) from exc
         return self._apis[model]
 

@@ -21,10 +21,11 @@ from typing import Any, Protocol
 
 from recallq import pipeline, scoring
 from recallq.judge import protocol
-from recallq.judge.base import Repair, Usage
+from recallq.judge.base import Repair
 from recallq.outcomes import Stage
-from recallq.pipeline import AskAgain, Claims, Failed, Retry, Verdicts
+from recallq.pipeline import AskAgain, Claims, Failed, ResendLater, Verdicts
 from recallq.prices import Price
+from recallq.usage import Usage
 
 ENDPOINT = "/v1/chat/completions"
 CUSTOM_ID_PREFIX = "rq-"
@@ -230,7 +231,7 @@ def decide(
     result: LineResult | None,
     limits: protocol.AnswerLimits = protocol.DEFAULT_LIMITS,
     redact: protocol.Redact | None = None,
-) -> Claims | Verdicts | AskAgain | Repair | Failed | Retry:
+) -> Claims | Verdicts | AskAgain | Repair | Failed | ResendLater:
     """What a request's result means for its item (None: the batch did not answer it), by
     the pipeline's rules (recallq.pipeline), as online: within the answer limits, with
     secrets out of the answer (`redact`)."""

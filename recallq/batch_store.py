@@ -36,8 +36,9 @@ from sqlalchemy.orm import Session
 from recallq.batch_requests import Request
 from recallq.claim_cache import ClaimCache
 from recallq.db import Database
-from recallq.judge.base import Usage
-from recallq.models import (
+from recallq.outcomes import Stage
+from recallq.status import ItemStatus, RunStatus
+from recallq.tables import (
     BatchLine,
     Claim,
     Item,
@@ -47,8 +48,7 @@ from recallq.models import (
     as_utc,
     utcnow,
 )
-from recallq.outcomes import Stage
-from recallq.status import ItemStatus, RunStatus
+from recallq.usage import NO_USAGE, Usage
 
 batches, lines = cast(Table, ProviderBatch.__table__), cast(Table, BatchLine.__table__)
 items, runs = cast(Table, Item.__table__), cast(Table, Run.__table__)
@@ -552,16 +552,11 @@ def _claims_of(conn: Connection, item_ids: list[int]) -> dict[int, tuple[str, ..
 # --- what the run view shows ------------------------------------------------------------------
 
 
-def _usage(calls: Any, prompt: Any, completion: Any, cost: Any) -> dict[str, Any]:
-    return {
-        "llm_calls": int(calls or 0),
-        "prompt_tokens": int(prompt or 0),
-        "completion_tokens": int(completion or 0),
-        "cost_usd": round(float(cost or 0.0), 6),
-    }
+def _usage(calls: Any, prompt: Any, completion: Any, cost: Any) -> Usage:
+    return Usage(int(calls or 0), int(prompt or 0), int(completion or 0), float(cost or 0.0))
 
 
-def run_lane_view(session: Session, run: Run, usage: dict[str, Any]) -> dict[str, Any]:
+def run_lane_view(session: Session, run: Run, usage: Usage) -> dict[str, Any]:
     """The run view's lane figures: usage split by lane (an additive key of `usage`), and
     for a batch-mode run the lane's progress (`batch`).
 
@@ -581,10 +576,9 @@ def run_lane_view(session: Session, run: Run, usage: dict[str, Any]) -> dict[str
         .group_by(lines.c.stage)
     ).all()
     stages = {row[0]: _usage(*row[1:5]) for row in by_stage}
-    batch = _usage(*(sum(s[key] for s in stages.values()) for key in _USAGE_KEYS))
-    online = {key: usage[key] - batch[key] for key in _USAGE_KEYS}
-    online["cost_usd"] = round(max(0.0, online["cost_usd"]), 6)
-    view: dict[str, Any] = {"by_lane": {"online": online, "batch": batch}}
+    batch = sum(stages.values(), NO_USAGE)
+    online = Usage(usage.llm_calls, usage.prompt_tokens, usage.completion_tokens, usage.cost_usd)
+    view: dict[str, Any] = {"by_lane": {"online": (online - batch).spent(), "batch": batch.spent()}}
     progress = None
     if run.mode == RunMode.BATCH:
         requests = session.execute(
@@ -603,6 +597,3 @@ def run_lane_view(session: Session, run: Run, usage: dict[str, Any]) -> dict[str
             "batches_pending": int(requests[1]),
         }
     return {"usage": view, "batch": progress}
-
-
-_USAGE_KEYS = ("llm_calls", "prompt_tokens", "completion_tokens", "cost_usd")

@@ -23,8 +23,8 @@ from sqlalchemy.sql.dml import Insert
 
 from recallq.judge import protocol
 from recallq.judge.lexical import LexicalJudge
-from recallq.model_registry import LEXICAL
-from recallq.models import ClaimCache as ClaimCacheRow
+from recallq.judge_models import LEXICAL
+from recallq.tables import ClaimCache as ClaimCacheRow
 
 _table = cast(Table, ClaimCacheRow.__table__)
 # keys per IN (...) list: well under every driver's parameter limit

@@ -15,6 +15,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from recallq.status import RunStatus
+
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 
@@ -162,6 +164,11 @@ def _add_gate(parser: argparse.ArgumentParser) -> None:
         type=_non_negative_int,
         help="exit 1 when more items than this failed (default 0)",
     )
+    parser.add_argument(
+        "--max-no-context",
+        type=_non_negative_int,
+        help="exit 1 when more items than this were scored without any context",
+    )
 
 
 def _add_api(parser: argparse.ArgumentParser) -> None:
@@ -244,9 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     runs = sub.add_parser("runs", help="list runs, newest first")
     _add_api(runs)
-    runs.add_argument(
-        "--status", choices=["queued", "running", "completed", "cancelled"], help="only these"
-    )
+    runs.add_argument("--status", choices=list(RunStatus), help="only these")
     runs.add_argument("--name", help="only runs of this name")
     runs.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
     runs.add_argument("--json", action="store_true", help="the run objects as JSON")
@@ -336,12 +341,12 @@ def explain(exc: BaseException) -> str | None:
     from recallq.api_client import ApiError
     from recallq.dataset import DatasetError
     from recallq.ingest import SubmissionError
-    from recallq.model_registry import ModelRegistryError
+    from recallq.judge_models import JudgeModelsError
     from recallq.redact import redact_url
 
     if isinstance(exc, SubmissionError):
         return exc.message
-    if isinstance(exc, DatasetError | ModelRegistryError):
+    if isinstance(exc, DatasetError | JudgeModelsError):
         return str(exc)
     if isinstance(exc, ApiError):
         return f"{exc.status} {exc.code}: {exc.message}"

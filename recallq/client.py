@@ -89,7 +89,7 @@ class LocalBackend:
         self.database = database or open_local_database(settings)
 
     def _run(self, session: Any, run_id: str) -> Any:
-        from recallq.models import Run
+        from recallq.tables import Run
 
         run = session.get(Run, run_id)
         if run is None or run.project != PROJECT:

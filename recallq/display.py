@@ -11,9 +11,18 @@ from typing import Any
 
 from recallq.gates import number
 from recallq.redact import redact_url
+from recallq.status import RUN_ACTIVE, PublicItemStatus
 
 BAR_WIDTH = 20
 MAX_FAILURE_LINES = 10
+#: The item counts a run's summary shows, in this order.
+_SHOWN_ITEM_STATUSES = (
+    PublicItemStatus.SUCCEEDED,
+    PublicItemStatus.FAILED,
+    PublicItemStatus.CANCELLED,
+    PublicItemStatus.PENDING,
+    PublicItemStatus.RUNNING,
+)
 
 
 def database_label(url: str) -> str:
@@ -85,7 +94,7 @@ def failure_lines(view: dict[str, Any]) -> list[str]:
         example = f" (e.g. item {group['example_id']})" if group.get("example_id") else ""
         lines.append(f"  {group['count']} x {group['error']}{example}")
     listed = sum(group["count"] for group in failures[:MAX_FAILURE_LINES])
-    if view["counts"]["failed"] > listed:
+    if view["counts"][PublicItemStatus.FAILED] > listed:
         lines.append(f"  ... and {view['counts']['failed'] - listed} more with other errors")
     return lines
 
@@ -119,18 +128,19 @@ def summary_lines(
     rows += [("status", view["status"]), ("model", view["model"]), ("total", str(counts["total"]))]
     rows += [
         (key, str(counts[key]))
-        for key in ("succeeded", "failed", "cancelled", "pending", "running")
-        if counts[key] or key in ("succeeded", "failed")
+        for key in _SHOWN_ITEM_STATUSES
+        if counts[key] or key in (PublicItemStatus.SUCCEEDED, PublicItemStatus.FAILED)
     ]
     rows.append(("mean_score", _score(summary["mean_score"])))
     if view.get("scale", 1) != 1:
         rows.append(("scale", f"{view['scale']:g}"))
-    no_truth = summary.get("no_ground_truth", 0)
-    if no_truth:
-        items = "item" if no_truth == 1 else "items"
-        rows.append(
-            ("no_ground_truth", f"{no_truth} {items} scored 0: no ground truth to check against")
-        )
+    for key, why in (
+        ("no_ground_truth", "no ground truth to check against"),
+        ("no_context", "no context was retrieved (check what feeds the contexts)"),
+    ):
+        if summary.get(key):
+            items = "item" if summary[key] == 1 else "items"
+            rows.append((key, f"{summary[key]} {items} scored 0: {why}"))
     rows.append(
         (
             "claims_attributed",
@@ -180,7 +190,7 @@ def runs_table(views: Sequence[dict[str, Any]]) -> list[str]:
             view["id"],
             view["status"],
             str(view["counts"]["total"]),
-            str(view["counts"]["failed"]),
+            str(view["counts"][PublicItemStatus.FAILED]),
             _score(view["summary"]["mean_score"]),
             view["model"],
             view.get("name") or "-",
@@ -237,7 +247,7 @@ def compare_lines(result: dict[str, Any]) -> list[str]:
     if ci is not None and ci[0] <= 0 <= ci[1]:
         lines.append("  (the interval contains 0: no difference shown at 95%)")
     for base_status, run in (("base", base), ("candidate", candidate)):
-        if run.get("status") in ("queued", "running"):
+        if run.get("status") in RUN_ACTIVE:
             lines.append(f"  note: the {base_status} run is still {run['status']}")
     changes = result["largest_changes"]
     if changes:

@@ -30,18 +30,13 @@ from typing import Protocol
 from recallq import pipeline, scoring
 from recallq.claim_cache import ClaimCache
 from recallq.coordination.gate import RunCancelled
-from recallq.judge.base import (
-    NO_USAGE,
-    Judge,
-    JudgeError,
-    MalformedAnswer,
-    PermanentJudgeError,
-    Usage,
-)
-from recallq.judge.registry import JudgeRegistry
+from recallq.errors import JudgeError, MalformedAnswer, PermanentJudgeError
+from recallq.judge.base import Judge
+from recallq.judge.by_model import JudgeRegistry
 from recallq.outcomes import Continue, Deferred, Ended, Skipped, Stage, StageOutcome, Taken
 from recallq.pipeline import Failed, Scored, Verdicts, split_usage
 from recallq.store import ItemStore, RunStore
+from recallq.usage import NO_USAGE, Usage
 
 log = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from typing import Any
 
 from recallq.judge import protocol
 from recallq.judge.lexical import split_claims
-from recallq.model_registry import LEXICAL, ModelConfig, pack_size
+from recallq.judge_models import LEXICAL, ModelConfig, pack_size
 from recallq.prices import Price, batch_price, online_price
 
 CHARS_PER_TOKEN = 4

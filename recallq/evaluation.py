@@ -15,7 +15,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-from recallq.model_registry import LEXICAL
+from recallq.judge_models import LEXICAL
 from recallq.results import Result
 
 RUN_FIELDS = ("name", "scale", "context", "context_extractor", "retry_deadline_s")

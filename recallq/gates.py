@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
 
+from recallq.status import RUN_ACTIVE, PublicItemStatus, RunStatus
+
 
 class Exit(IntEnum):
     OK = 0
@@ -34,15 +36,22 @@ class CommandError(Exception):
 @dataclass(frozen=True)
 class Gate:
     """Thresholds a run must meet: its mean score at least `min_score` (in the run's scale),
-    and at most `max_failed` failed items (0 unless given)."""
+    at most `max_failed` failed items (0 unless given) and, when given, at most
+    `max_no_context` items scored without any context."""
 
     min_score: float | None = None
     max_failed: int | None = None
+    max_no_context: int | None = None
 
     @classmethod
     def of(cls, options: Any) -> Gate:
-        """The thresholds in parsed command-line options (--min-score, --max-failed)."""
-        return cls(getattr(options, "min_score", None), getattr(options, "max_failed", None))
+        """The thresholds in parsed command-line options (--min-score, --max-failed,
+        --max-no-context)."""
+        return cls(
+            getattr(options, "min_score", None),
+            getattr(options, "max_failed", None),
+            getattr(options, "max_no_context", None),
+        )
 
 
 def number(value: float) -> str:
@@ -53,22 +62,29 @@ def number(value: float) -> str:
 def misses(view: dict[str, Any], gate: Gate) -> list[str]:
     """Why the run (a run view) fails: one sentence per reason; empty when it passes."""
     counts, status = view["counts"], view["status"]
-    if status in ("queued", "running"):
-        unended = counts["pending"] + counts["running"]
+    if status in RUN_ACTIVE:
+        unended = counts[PublicItemStatus.PENDING] + counts[PublicItemStatus.RUNNING]
         return [
             f"run {view['id']} is {status}: {unended} of {counts['total']} items not scored yet"
         ]
     reasons = []
-    if status == "cancelled":
+    if status == RunStatus.CANCELLED:
         why = view.get("cancel_reason")
         reasons.append(f"run {view['id']} was cancelled" + (f" ({why})" if why else ""))
-    failed, allowed = counts["failed"], gate.max_failed or 0
+    failed, allowed = counts[PublicItemStatus.FAILED], gate.max_failed or 0
     if failed > allowed:
         items = "item" if failed == 1 else "items"
         reasons.append(
             f"{failed} {items} failed, more than --max-failed {gate.max_failed}"
             if gate.max_failed is not None
             else f"{failed} {items} failed (allow some with --max-failed N)"
+        )
+    no_context = view["summary"].get("no_context", 0)
+    if gate.max_no_context is not None and no_context > gate.max_no_context:
+        items = "item was" if no_context == 1 else "items were"
+        reasons.append(
+            f"{no_context} {items} scored without any context, more than --max-no-context "
+            f"{gate.max_no_context}"
         )
     if gate.min_score is not None:
         mean = view["summary"]["mean_score"]
@@ -96,6 +112,9 @@ def passed_line(view: dict[str, Any], gate: Gate) -> str:
     mean = view["summary"]["mean_score"]
     if gate.min_score is not None and mean is not None:
         parts.append(f"mean score {number(mean)} >= --min-score {number(gate.min_score)}")
-    failed = view["counts"]["failed"]
+    failed = view["counts"][PublicItemStatus.FAILED]
     parts.append(f"{failed} failed <= --max-failed {gate.max_failed or 0}")
+    if gate.max_no_context is not None:
+        no_context = view["summary"].get("no_context", 0)
+        parts.append(f"{no_context} without context <= --max-no-context {gate.max_no_context}")
     return "gate passed: " + ", ".join(parts)

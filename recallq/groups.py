@@ -13,6 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from recallq.status import ItemStatus
+
 MISSING_GROUP = "(missing)"
 _DECIMALS = 4
 
@@ -44,10 +46,10 @@ def summarise_groups(items: Iterable[GroupedItem], by: str) -> dict[str, dict[st
         name = group_value(item.metadata, by) or MISSING_GROUP
         group = groups.setdefault(name, {"items": 0, "scored_items": 0, "failed": 0})
         group["items"] += item.count
-        if item.status == "succeeded" and item.score is not None:
+        if item.status == ItemStatus.SUCCEEDED and item.score is not None:
             group["scored_items"] += item.count
             scores.setdefault(name, []).extend([item.score] * item.count)
-        elif item.status == "failed":
+        elif item.status == ItemStatus.FAILED:
             group["failed"] += item.count
     return {
         name: {**groups[name], "mean_score": _mean(scores.get(name, []))} for name in sorted(groups)

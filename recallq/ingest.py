@@ -21,10 +21,10 @@ from sqlalchemy.orm import Session
 from recallq import context as ctx
 from recallq import dataset, estimate, inputs, queries, scoring
 from recallq.claim_cache import ClaimCache
-from recallq.model_registry import LEXICAL, ModelConfig
-from recallq.models import Run, RunMode
+from recallq.judge_models import LEXICAL, ModelConfig
 from recallq.settings import DEFAULT_RETRY_DEADLINE, Settings
 from recallq.store import RunStore
+from recallq.tables import Run, RunMode
 
 MAX_RETRY_DEADLINE = 30 * 86400
 MAX_BUDGET_USD = 1_000_000.0

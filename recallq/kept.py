@@ -7,6 +7,12 @@ new finished_at, part of the key, so the view is computed again. Only completed 
 an active run's items change, and a cancelled batch run's lane can still apply usage. The
 entries of a run are deleted with it (ON DELETE CASCADE). Keeping is an optimisation: a view
 that cannot be read or stored is computed, and the read that wanted it never fails for it.
+
+Each kind of view has a shape (`Kind.shape`: a fingerprint of the fields its body holds) that
+is part of its key and is stored beside its body. A view kept by a version of recallq whose
+bodies had another shape is never read as this one's: its key differs, and a body whose stored
+shape differs, or that does not read back as its kind (`Misshapen`), is computed again and
+kept anew. Views kept before shapes (migration 0009's, positional rows) are never read.
 """
 
 from __future__ import annotations
@@ -17,15 +23,15 @@ import logging
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
 from sqlalchemy import Connection, Engine, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
-from recallq.models import KeptView, Run, as_utc, utcnow
 from recallq.status import RunStatus
+from recallq.tables import KeptView, Run, as_utc, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -34,19 +40,45 @@ _T = TypeVar("_T")
 _LOCK_TIMEOUT = "1s"
 
 
-def key(kind: str, runs: Sequence[Run], **params: Any) -> str | None:
+class Misshapen(ValueError):
+    """A kept body that is not of its kind's shape."""
+
+
+def shape(kind: str, *parts: Sequence[Any]) -> str:
+    """A kind's shape: a fingerprint of what its body holds (names of fields, columns and
+    statuses, or a version number that is bumped when the body changes)."""
+    what = json.dumps([kind, *parts], sort_keys=True, default=str)
+    return f"{kind}/{hashlib.sha256(what.encode()).hexdigest()[:16]}"
+
+
+def _same(body: Any) -> Any:
+    return body
+
+
+@dataclass(frozen=True)
+class Kind(Generic[_T]):
+    """A kind of kept view: its name, its shape, how a value becomes a JSON body and how a body
+    reads back (raising Misshapen for one that does not)."""
+
+    name: str
+    shape: str
+    body: Callable[[_T], Any] = _same
+    of_body: Callable[[Any], _T] = _same
+
+
+def key(kind: Kind[Any], runs: Sequence[Run], **params: Any) -> str | None:
     """The key of the view `kind` of these runs with these parameters, or None when one of the
     runs is not completed (its view is not kept)."""
     if not runs or any(run.status != RunStatus.COMPLETED or not run.finished_at for run in runs):
         return None
     ended = [[run.id, as_utc(run.finished_at).isoformat()] for run in runs if run.finished_at]
-    what = json.dumps([kind, ended, params], sort_keys=True)
+    what = json.dumps([kind.name, kind.shape, ended, params], sort_keys=True)
     return hashlib.sha256(what.encode()).hexdigest()
 
 
 @dataclass(frozen=True)
 class View:
-    """A computed view to keep: its key, the run(s) it is of, its JSON body."""
+    """A computed view to keep: its key, the run(s) it is of, its JSON body (`Kind.body`)."""
 
     key: str
     run_id: str
@@ -67,8 +99,8 @@ def _number(value: object) -> float:
     raise TypeError(f"{type(value).__name__} is not JSON")
 
 
-def read(session: Session, keys: Collection[str]) -> dict[str, Any]:
-    """The kept bodies of those of these keys that are kept."""
+def read(session: Session, kind: Kind[_T], keys: Collection[str]) -> dict[str, _T]:
+    """The kept views of those of these keys that are kept in `kind`'s shape."""
     if not keys:
         return {}
     query = select(KeptView.key, KeptView.body).where(KeptView.key.in_(keys))
@@ -78,11 +110,23 @@ def read(session: Session, keys: Collection[str]) -> dict[str, Any]:
     except SQLAlchemyError:
         log.warning("kept views: reading failed; computing", exc_info=True)
         return {}
-    return {key: body for key, body in rows}
+    found: dict[str, _T] = {}
+    for view_key, stored in rows:
+        try:
+            if not isinstance(stored, dict) or stored.get("shape") != kind.shape:
+                raise Misshapen(f"kept in shape {_stored_shape(stored)!r}, not {kind.shape!r}")
+            found[view_key] = kind.of_body(stored["body"])
+        except (Misshapen, KeyError) as problem:
+            log.info("kept views: %s view %s computed again: %s", kind.name, view_key, problem)
+    return found
 
 
-def keep(session: Session, views: Sequence[View]) -> None:
-    """Store these views (a view already kept, by a concurrent read, stays as it is)."""
+def _stored_shape(stored: Any) -> Any:
+    return stored.get("shape") if isinstance(stored, dict) else None
+
+
+def keep(session: Session, kind: Kind[Any], views: Sequence[View]) -> None:
+    """Store these views in `kind`'s shape, replacing one of that key kept in another."""
     if not views:
         return
     rows = [
@@ -90,7 +134,7 @@ def keep(session: Session, views: Sequence[View]) -> None:
             "key": view.key,
             "run_id": view.run_id,
             "other_run_id": view.other_run_id,
-            "body": view.body,
+            "body": {"shape": kind.shape, "body": view.body},
             "created_at": utcnow(),
         }
         for view in views
@@ -100,7 +144,13 @@ def keep(session: Session, views: Sequence[View]) -> None:
     def store(conn: Connection) -> None:
         if conn.dialect.name == "postgresql":
             conn.exec_driver_sql(f"SET LOCAL lock_timeout = '{_LOCK_TIMEOUT}'")
-        conn.execute(dialect.insert(KeptView).values(rows).on_conflict_do_nothing())
+        insert = dialect.insert(KeptView).values(rows)
+        conn.execute(
+            insert.on_conflict_do_update(
+                index_elements=[KeptView.key],
+                set_={"body": insert.excluded.body, "created_at": insert.excluded.created_at},
+            )
+        )
 
     try:
         _apart(session, store)
@@ -109,20 +159,24 @@ def keep(session: Session, views: Sequence[View]) -> None:
 
 
 def get_or_compute(
-    session: Session, kind: str, runs: Sequence[Run], compute: Callable[[], _T], **params: Any
+    session: Session,
+    kind: Kind[_T],
+    runs: Sequence[Run],
+    compute: Callable[[], _T],
+    **params: Any,
 ) -> _T:
-    """The kept view `kind` of these runs, else `compute()`, kept when every run is completed."""
+    """The kept view `kind` of these runs, else `compute()`, kept when every run is completed.
+    A view computed to be kept is returned as it reads back."""
     view_key = key(kind, runs, **params)
     if view_key is None:
         return compute()
-    found = read(session, [view_key])
+    found = read(session, kind, [view_key])
     if view_key in found:
-        kept: _T = found[view_key]
-        return kept
-    body = as_json(compute())
+        return found[view_key]
+    body = as_json(kind.body(compute()))
     other = runs[1].id if len(runs) > 1 else None
-    keep(session, [View(view_key, runs[0].id, other, body)])
-    return body
+    keep(session, kind, [View(view_key, runs[0].id, other, body)])
+    return kind.of_body(body)
 
 
 def _apart(session: Session, work: Callable[[Connection], _T]) -> _T:

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from recallq.gates import CommandError, Exit
+from recallq.status import PublicItemStatus
 
 if TYPE_CHECKING:
     from recallq.api_client import Client
@@ -140,7 +141,7 @@ class LocalLabels:
         self.database, self.where = database, where
 
     def _run(self, session: Any, run_id: str) -> Any:
-        from recallq.models import Run
+        from recallq.tables import Run
 
         run = session.get(Run, run_id)
         if run is None or run.project != PROJECT:
@@ -416,7 +417,11 @@ def cmd_rejudge(args: argparse.Namespace) -> int:
         with backend.database.transaction() as conn:
             for item in items:
                 claims = [c["text"] for c in item["claims"]]
-                if item["status"] != "succeeded" or not claims or not item["ground_truth"]:
+                if (
+                    item["status"] != PublicItemStatus.SUCCEEDED
+                    or not claims
+                    or not item["ground_truth"]
+                ):
                     continue
                 key = ClaimCache.key(item["ground_truth"], model, project=PROJECT)
                 held = ClaimCache.read(conn, [key]).get(key)

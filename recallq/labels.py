@@ -29,8 +29,8 @@ from recallq import agreement
 from recallq.agreement import JudgeTotals, LabelledClaim, LabelledItem
 from recallq.groups import MISSING_GROUP, group_value
 from recallq.inputs import text_problem
-from recallq.models import Claim, ClaimLabel, Item, LabelSample, Run, utcnow
 from recallq.status import ItemStatus
+from recallq.tables import Claim, ClaimLabel, Item, LabelSample, Run, utcnow
 
 VERDICTS = ("yes", "no")
 MAX_NOTE_CHARS = 2_000

@@ -30,12 +30,12 @@ from typing import Any
 
 from recallq import dataset, display, ingest, queries
 from recallq.engine import Engine
-from recallq.models import Run, as_utc, utcnow
 from recallq.outcomes import Taken
 from recallq.redact import install_log_redaction
 from recallq.runtime import Runtime
 from recallq.settings import Settings
-from recallq.status import RUN_ENDED, RunStatus
+from recallq.status import PUBLIC_ITEM_ENDED, RUN_ENDED, PublicItemStatus, RunStatus
+from recallq.tables import Run, as_utc, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class LocalRunner:
             self._active += items
         try:
             work(argument)
-        except Exception:  # noqa: BLE001  (one item's bug must not stop the others)
+        except Exception:  # one item's bug must not stop the others
             log.exception("local runner: %s(%r) failed", getattr(work, "__name__", work), argument)
         finally:
             with self._lock:
@@ -267,8 +267,8 @@ def process(
             idle = runner.idle  # before the view: work that ended by now shows in it
             view = run_view(runtime, run_id, details=False)
             counts = view["counts"]
-            bar.n = counts["succeeded"] + counts["failed"] + counts["cancelled"]
-            bar.set_postfix(failed=counts["failed"], refresh=False)
+            bar.n = sum(counts[status] for status in PUBLIC_ITEM_ENDED)
+            bar.set_postfix(failed=counts[PublicItemStatus.FAILED], refresh=False)
             bar.set_description_str(display.paused(view) or "", refresh=False)
             bar.refresh()
             if view["status"] in RUN_ENDED:

@@ -21,6 +21,7 @@ from recallq.gates import CommandError, Exit
 from recallq.local import LocalRunner
 from recallq.runtime import Runtime
 from recallq.settings import Settings
+from recallq.status import PublicItemStatus
 
 #: After Ctrl-C, how long the items already in flight get to finish (and be stored, so a
 #: resume does not pay for them again) before they are abandoned.
@@ -53,7 +54,7 @@ def report(
 def run(args: argparse.Namespace) -> int:
     """`recallq run FILE`: score a file in this process; the same command again resumes."""
     from recallq import dataset, ingest, local, migrate
-    from recallq.model_registry import LEXICAL
+    from recallq.judge_models import LEXICAL
 
     mapping = dataset.parse_mapping(args.map or [])
     if args.format and not args.out:
@@ -128,10 +129,10 @@ def continue_run(args: argparse.Namespace, settings: Settings, action: str) -> i
     """`recallq resume RUN` / `recallq retry RUN` on the local database: send the run's
     unended (resume) or failed (retry) items again, and score them here."""
     from recallq import local
-    from recallq.model_registry import LEXICAL
-    from recallq.models import Run
+    from recallq.judge_models import LEXICAL
     from recallq.status import RunStatus
     from recallq.store import RunCancelledError
+    from recallq.tables import Run
 
     database = open_local_database(settings)
     try:
@@ -245,9 +246,9 @@ def _interrupted(
         )
     try:
         counts = local.run_view(runtime, run_id, details=False)["counts"]
-        done = counts["succeeded"] + counts["failed"]
+        done = counts[PublicItemStatus.SUCCEEDED] + counts[PublicItemStatus.FAILED]
         progress = f": {done} of {counts['total']} items done, and not sent again"
-    except Exception:  # noqa: BLE001  (the message below matters more than the counts)
+    except Exception:  # the message below matters more than the counts
         progress = ""
     print(f"recallq: run {run_id} is kept{progress}", file=sys.stderr)
     if resume_argv is not None:

@@ -32,8 +32,8 @@ from sqlalchemy.exc import SQLAlchemyError
 from recallq.batch_store import PENDING_BATCHES
 from recallq.gates import CommandError
 from recallq.judge import protocol
-from recallq.models import Item, ProviderBatch, Run
 from recallq.status import ITEM_ENDED, ITEM_IN_FLIGHT, RUN_ACTIVE, ItemStatus
+from recallq.tables import Item, ProviderBatch, Run
 
 if TYPE_CHECKING:
     from recallq.coordination.breaker import CircuitBreaker

@@ -10,7 +10,8 @@ received, to what happens to the item next. Pure: no I/O, no clock, no model cal
                                      if malformed) are extracted alone
     verdicts_found(answer, asked)    Verdicts (score) │ AskAgain (once, the claims left
                                      without one) │ Failed
-    line_failed / after_error        Retry │ Failed; Retry ─► wait_or_give_up ─► Wait │ Failed
+    line_failed / after_error        ResendLater │ Failed; ResendLater ─► wait_or_give_up
+                                     ─► Wait │ Failed
                                      (the run's retry deadline, in seconds)
 
 Two drivers apply these decisions: the online engine (recallq.engine) one call after the
@@ -25,8 +26,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from recallq import scoring
+from recallq.errors import JudgeError, MalformedAnswer, TryLater
 from recallq.judge import protocol
-from recallq.judge.base import JudgeError, MalformedAnswer, PackedReply, Repair, TryLater, Usage
+from recallq.judge.base import PackedReply, Repair
+from recallq.usage import Usage
 
 __all__ = [
     "AskAgain",
@@ -34,7 +37,7 @@ __all__ = [
     "Decision",
     "Failed",
     "Repair",
-    "Retry",
+    "ResendLater",
     "Scored",
     "Verdicts",
     "Wait",
@@ -83,7 +86,7 @@ class Failed:
 
 
 @dataclass(frozen=True)
-class Retry:
+class ResendLater:
     """A transient failure: the same request goes again later (see wait_or_give_up)."""
 
     error: str
@@ -100,7 +103,7 @@ class Wait:
     delay_s: float | None = None
 
 
-Decision = Claims | Scored | Verdicts | AskAgain | Repair | Failed | Retry | Wait
+Decision = Claims | Scored | Verdicts | AskAgain | Repair | Failed | ResendLater | Wait
 
 
 # --- what users read --------------------------------------------------------------------------
@@ -241,9 +244,9 @@ def scored(claims: Sequence[str], verdicts: dict[int, scoring.Verdict], scale: f
 # --- failures -------------------------------------------------------------------------------
 
 
-def line_failed(error: str, transient: bool) -> Retry | Failed:
+def line_failed(error: str, transient: bool) -> ResendLater | Failed:
     """A request the provider did not answer: transient ones go again, others fail."""
-    return Retry(error) if transient else Failed(error)
+    return ResendLater(error) if transient else Failed(error)
 
 
 def retry_deadline_s(run_deadline_s: float | None, default_s: float) -> float:

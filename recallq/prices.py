@@ -21,7 +21,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from recallq.model_registry import ModelConfig
+from recallq.judge_models import ModelConfig
 
 PRICE_MAP_FILE = "model_prices_and_context_window_backup.json"
 #: Share of the online price a provider's Batch API saves when nothing says otherwise.

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import dataclasses
 import json
 import math
 import re
@@ -16,6 +17,7 @@ from typing import Any
 
 from sqlalchemy import (
     ColumnElement,
+    RowMapping,
     Select,
     SQLColumnExpression,
     Text,
@@ -35,8 +37,10 @@ from recallq.batch_store import run_lane_view
 from recallq.claim_cache import ClaimCache
 from recallq.db import Database
 from recallq.groups import GroupedItem, summarise_groups
-from recallq.models import Claim, Item, Run
+from recallq.outcomes import Stage
 from recallq.status import ItemStatus, public_item_status, stored_item_statuses
+from recallq.tables import Claim, Item, Run
+from recallq.usage import NO_USAGE, Usage
 
 #: Buckets of a run's score histogram (each a fifth of the scale; the last includes the top).
 HISTOGRAM_BUCKETS = 5
@@ -50,38 +54,55 @@ def _iso(value: Any) -> str | None:
     return value.isoformat() if value is not None else None
 
 
+_COUNT = "count_"
+_HISTOGRAM = "histogram_"
+
+
 def _aggregate_columns(scale: Any, details: bool) -> list[ColumnElement[Any]]:
     """Counts, summary, usage and (with `details`) the score histogram of a run: one scan of
-    its items (a 100k-item run is read by every status poll). `scale` is the run's scale, or
-    the runs.scale column when several runs are read at once."""
+    its items (a 100k-item run is read by every status poll), each column labelled with the
+    name RunAggregates reads it by. `scale` is the run's scale, or the runs.scale column when
+    several runs are read at once."""
     ok = Item.status == ItemStatus.SUCCEEDED
-    columns = [
-        *(func.count().filter(Item.status == status) for status in _STATUSES),
-        func.avg(Item.score).filter(ok),
-        func.count(Item.score).filter(ok),
-        func.avg(Item.score * Item.score).filter(ok),
-        func.count().filter(ok, Item.ground_truth.is_(None)),
-        func.coalesce(func.sum(Item.claims_total), 0),
-        func.coalesce(func.sum(Item.claims_attributed), 0),
-        func.coalesce(func.sum(Item.llm_calls), 0),
-        func.coalesce(func.sum(Item.prompt_tokens), 0),
-        func.coalesce(func.sum(Item.completion_tokens), 0),
-        func.coalesce(func.sum(Item.cost_usd), 0.0),
-        func.coalesce(func.sum(Item.cache_hits), 0),
-        func.coalesce(func.sum(Item.call_attempts), 0),
-        func.coalesce(func.sum(Item.failed_calls), 0),
-        func.coalesce(func.sum(Item.deferrals), 0),
-        func.coalesce(func.sum(Item.extraction_calls), 0),
-        func.coalesce(func.sum(Item.extraction_prompt_tokens), 0),
-        func.coalesce(func.sum(Item.extraction_completion_tokens), 0),
-        func.coalesce(func.sum(Item.extraction_cost_usd), 0.0),
+
+    def total(column: Any, zero: Any = 0) -> ColumnElement[Any]:
+        return func.coalesce(func.sum(column), zero)
+
+    columns: list[ColumnElement[Any]] = [
+        *(
+            func.count().filter(Item.status == status).label(_COUNT + status)
+            for status in _STATUSES
+        ),
+        func.avg(Item.score).filter(ok).label("mean_score"),
+        func.count(Item.score).filter(ok).label("scored"),
+        func.avg(Item.score * Item.score).filter(ok).label("mean_square"),
+        func.count().filter(ok, Item.ground_truth.is_(None)).label("no_ground_truth"),
+        # an item scored against no passage (recallq.pipeline's no-context rule): its own
+        # resolved context is an empty list; None means the run's static context
+        func.count()
+        .filter(ok, Item.ground_truth.is_not(None), cast(Item.contexts, Text) == "[]")
+        .label("no_context"),
+        total(Item.claims_total).label("claims_total"),
+        total(Item.claims_attributed).label("claims_attributed"),
+        total(Item.llm_calls).label("llm_calls"),
+        total(Item.prompt_tokens).label("prompt_tokens"),
+        total(Item.completion_tokens).label("completion_tokens"),
+        total(Item.cost_usd, 0.0).label("cost_usd"),
+        total(Item.cache_hits).label("claim_cache_hits"),
+        total(Item.call_attempts).label("call_attempts"),
+        total(Item.failed_calls).label("failed_calls"),
+        total(Item.deferrals).label("deferrals"),
+        total(Item.extraction_calls).label("extraction_calls"),
+        total(Item.extraction_prompt_tokens).label("extraction_prompt_tokens"),
+        total(Item.extraction_completion_tokens).label("extraction_completion_tokens"),
+        total(Item.extraction_cost_usd, 0.0).label("extraction_cost_usd"),
     ]
     if details:
         for i in range(HISTOGRAM_BUCKETS):
             low = Item.score >= scale * (i / HISTOGRAM_BUCKETS)
             high = Item.score < scale * ((i + 1) / HISTOGRAM_BUCKETS)
             bucket = and_(ok, low, high) if i < HISTOGRAM_BUCKETS - 1 else and_(ok, low)
-            columns.append(func.count().filter(bucket))
+            columns.append(func.count().filter(bucket).label(f"{_HISTOGRAM}{i}"))
     return columns
 
 
@@ -97,87 +118,152 @@ def _failures(session: Session, run_id: str) -> list[dict[str, Any]]:
     return [{"error": error or "", "count": n, "example_id": key} for error, n, key in rows]
 
 
-@dataclass(frozen=True)
-class _StageUsage:
-    calls: int
-    prompt: int
-    completion: int
-    cost: float
-
-    def __sub__(self, other: _StageUsage) -> _StageUsage:
-        return _StageUsage(
-            self.calls - other.calls,
-            self.prompt - other.prompt,
-            self.completion - other.completion,
-            max(0.0, self.cost - other.cost),
-        )
-
-    def view(self) -> dict[str, Any]:
-        return {
-            "llm_calls": self.calls,
-            "prompt_tokens": self.prompt,
-            "completion_tokens": self.completion,
-            "cost_usd": round(self.cost, 6),
-        }
-
-
-def _usage(calls: Any, prompt: Any, completion: Any, cost: Any) -> _StageUsage:
-    return _StageUsage(int(calls), int(prompt), int(completion), float(cost))
+def _float(value: Any) -> float | None:
+    return None if value is None else float(value)
 
 
 @dataclass(frozen=True)
-class _Aggregates:
-    """What a run object derives from the run's items: the row of _aggregate_columns and, with
-    details, the failures by error. Kept for a completed run (recallq.kept)."""
+class RunAggregates:
+    """What a run view derives from the run's items, read from the aggregate row by column
+    name, and with details the histogram and the failures by error. A completed run's is kept
+    (recallq.kept) as `body()`, under RUN_VIEW_SHAPE."""
 
-    row: Sequence[Any]
+    counts: dict[ItemStatus, int]
+    mean_score: float | None
+    scored: int
+    mean_square: float | None
+    no_ground_truth: int
+    no_context: int
+    claims_total: int
+    claims_attributed: int
+    #: every stage's usage; `extraction` is the extraction stage's part of it
+    usage: Usage
+    extraction: Usage
+    claim_cache_hits: int
+    deferrals: int
+    histogram: list[int] | None
     failures: list[dict[str, Any]] | None
 
+    @classmethod
+    def of_row(
+        cls, row: RowMapping | None, failures: list[dict[str, Any]] | None, details: bool
+    ) -> RunAggregates:
+        """From an aggregate row (None: a run without items, which no store makes, but a view
+        must not fail for it)."""
+        if row is None:
+            return cls(
+                {status: 0 for status in _STATUSES}, None, 0, None, 0, 0, 0, 0, NO_USAGE, NO_USAGE,
+                0, 0, [0] * HISTOGRAM_BUCKETS if details else None, [] if details else None,
+            )  # fmt: skip
+        return cls(
+            counts={status: int(row[_COUNT + status]) for status in _STATUSES},
+            mean_score=_float(row["mean_score"]),
+            scored=int(row["scored"]),
+            mean_square=_float(row["mean_square"]),
+            no_ground_truth=int(row["no_ground_truth"]),
+            no_context=int(row["no_context"]),
+            claims_total=int(row["claims_total"]),
+            claims_attributed=int(row["claims_attributed"]),
+            usage=Usage(
+                llm_calls=int(row["llm_calls"]),
+                prompt_tokens=int(row["prompt_tokens"]),
+                completion_tokens=int(row["completion_tokens"]),
+                cost_usd=float(row["cost_usd"]),
+                call_attempts=int(row["call_attempts"]),
+                failed_calls=int(row["failed_calls"]),
+            ),
+            extraction=Usage(
+                llm_calls=int(row["extraction_calls"]),
+                prompt_tokens=int(row["extraction_prompt_tokens"]),
+                completion_tokens=int(row["extraction_completion_tokens"]),
+                cost_usd=float(row["extraction_cost_usd"]),
+            ),
+            claim_cache_hits=int(row["claim_cache_hits"]),
+            deferrals=int(row["deferrals"]),
+            histogram=(
+                [int(row[f"{_HISTOGRAM}{i}"]) for i in range(HISTOGRAM_BUCKETS)]
+                if details
+                else None
+            ),
+            failures=failures,
+        )
+
     def body(self) -> dict[str, Any]:
-        return {"row": list(self.row), "failures": self.failures}
+        """As kept: JSON, by name."""
+        fields = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return fields | {
+            "counts": {str(status): n for status, n in self.counts.items()},
+            "usage": dataclasses.asdict(self.usage),
+            "extraction": dataclasses.asdict(self.extraction),
+        }
 
     @classmethod
-    def of(cls, body: dict[str, Any]) -> _Aggregates:
-        return cls(body["row"], body["failures"])
+    def of_body(cls, body: Any) -> RunAggregates:
+        """Read back from `body()`. Raises kept.Misshapen for a body of another shape."""
+        try:
+            names = {f.name for f in dataclasses.fields(cls)}
+            if not isinstance(body, dict) or set(body) != names:
+                raise ValueError(f"fields {sorted(body) if isinstance(body, dict) else body!r}")
+            counts = body["counts"]
+            if set(counts) != {str(status) for status in _STATUSES}:
+                raise ValueError(f"statuses {sorted(counts)}")
+            histogram = body["histogram"]
+            if histogram is not None and len(histogram) != HISTOGRAM_BUCKETS:
+                raise ValueError(f"{len(histogram)} histogram buckets")
+            return cls(
+                **(
+                    body
+                    | {
+                        "counts": {ItemStatus(status): int(n) for status, n in counts.items()},
+                        "usage": Usage(**body["usage"]),
+                        "extraction": Usage(**body["extraction"]),
+                    }
+                )  # fmt: skip
+            )
+        except (KeyError, TypeError, ValueError) as problem:
+            raise kept.Misshapen(f"not a run view's aggregates: {problem}") from problem
 
 
-def _aggregates(
-    session: Session, run: Run, row: Sequence[Any] | None, details: bool
-) -> _Aggregates:
-    if row is None:  # a run without items (none is stored, but a view must not fail)
-        empty: tuple[Any, ...] = (0,) * len(_STATUSES) + (None,)
-        row = empty + (0, None) + (0,) * (15 + HISTOGRAM_BUCKETS * details)
-    failed = row[_STATUSES.index(ItemStatus.FAILED)]
+#: The shape of a kept run view: the aggregate columns' names and the fields that hold them,
+#: so adding a column, a field or a status gives kept views a new shape (computed again).
+RUN_VIEW_SHAPE = kept.shape(
+    "run",
+    [str(column.key) for column in _aggregate_columns(1.0, details=True)],
+    [f.name for f in dataclasses.fields(RunAggregates)],
+    [f.name for f in dataclasses.fields(Usage)],
+)
+_RUN_VIEW = kept.Kind("run", RUN_VIEW_SHAPE, RunAggregates.body, RunAggregates.of_body)
+#: Kept comparisons and group summaries: their bodies are the answers' JSON, whose shape is
+#: the contract's; the number is bumped when a body changes.
+_COMPARISON: kept.Kind[dict[str, Any]] = kept.Kind("compare", kept.shape("compare", [1]))
+_GROUP_SUMMARY: kept.Kind[dict[str, dict[str, Any]]] = kept.Kind(
+    "groups", kept.shape("groups", [1])
+)
+
+
+def _aggregates(session: Session, run: Run, row: RowMapping | None, details: bool) -> RunAggregates:
+    failed = 0 if row is None else row[_COUNT + ItemStatus.FAILED]
     failures = (_failures(session, run.id) if failed else []) if details else None
-    return _Aggregates(row, failures)
+    return RunAggregates.of_row(row, failures, details)
 
 
-def _view(session: Session, run: Run, aggregates: _Aggregates, details: bool) -> dict[str, Any]:
-    row = aggregates.row
-    counts = dict(zip(_STATUSES, row[: len(_STATUSES)], strict=True))
-    totals = row[len(_STATUSES) :]
-    mean, scored, mean_square, no_truth, claims_total, claims_attributed = totals[:6]
-    calls, prompt, completion, cost, hits, attempts, failed_calls, deferrals = totals[6:14]
-    extraction = _usage(*totals[14:18])
-    attribution = _usage(calls, prompt, completion, cost) - extraction
-    failed = counts[ItemStatus.FAILED]
+def _view(session: Session, run: Run, aggregates: RunAggregates, details: bool) -> dict[str, Any]:
+    a = aggregates
+    counts = a.counts
     summary: dict[str, Any] = {
-        "mean_score": round(float(mean), 4) if mean is not None else None,
-        "mean_ci95": ab.mean_interval(
-            int(scored),
-            None if mean is None else float(mean),
-            None if mean_square is None else float(mean_square),
-            run.scale,
-        ),
-        "scored_items": int(scored),
-        "claims_total": int(claims_total),
-        "claims_attributed": int(claims_attributed),
+        "mean_score": round(a.mean_score, 4) if a.mean_score is not None else None,
+        "mean_ci95": ab.mean_interval(a.scored, a.mean_score, a.mean_square, run.scale),
+        "scored_items": a.scored,
+        "claims_total": a.claims_total,
+        "claims_attributed": a.claims_attributed,
         # scored 0 because there was nothing to check, not because retrieval missed
-        "no_ground_truth": int(no_truth),
+        "no_ground_truth": a.no_ground_truth,
+        # scored 0 because no passage was retrieved: usually the pipeline feeding recallq
+        "no_context": a.no_context,
     }
-    if details:
+    if details and a.histogram is not None:
         edges = [round(run.scale * i / HISTOGRAM_BUCKETS, 6) for i in range(HISTOGRAM_BUCKETS + 1)]
-        summary["histogram"] = {"edges": edges, "counts": [int(n) for n in totals[18:]]}
+        summary["histogram"] = {"edges": edges, "counts": a.histogram}
     view: dict[str, Any] = {
         "id": run.id,
         "name": run.name,
@@ -194,31 +280,31 @@ def _view(session: Session, run: Run, aggregates: _Aggregates, details: bool) ->
         "cancel_reason": run.cancel_reason,
         "counts": {
             "total": run.total_items,
-            "pending": counts[ItemStatus.PENDING] + counts[ItemStatus.QUEUED],
-            "running": counts[ItemStatus.RUNNING] + counts[ItemStatus.BATCHED],
-            "succeeded": counts[ItemStatus.SUCCEEDED],
-            "failed": failed,
-            "cancelled": counts[ItemStatus.CANCELLED],
+            ItemStatus.PENDING: counts[ItemStatus.PENDING] + counts[ItemStatus.QUEUED],
+            ItemStatus.RUNNING: counts[ItemStatus.RUNNING] + counts[ItemStatus.BATCHED],
+            ItemStatus.SUCCEEDED: counts[ItemStatus.SUCCEEDED],
+            ItemStatus.FAILED: counts[ItemStatus.FAILED],
+            ItemStatus.CANCELLED: counts[ItemStatus.CANCELLED],
         },
         "summary": summary,
-        "usage": {
-            "llm_calls": int(calls),
-            "prompt_tokens": int(prompt),
-            "completion_tokens": int(completion),
-            "cost_usd": round(float(cost), 6),
-            "claim_cache_hits": int(hits),
-            "call_attempts": int(attempts),
-            "failed_calls": int(failed_calls),
-            "deferrals": int(deferrals),
-            "by_stage": {"extraction": extraction.view(), "attribution": attribution.view()},
+        "usage": a.usage.spent()
+        | {
+            "claim_cache_hits": a.claim_cache_hits,
+            "call_attempts": a.usage.call_attempts,
+            "failed_calls": a.usage.failed_calls,
+            "deferrals": a.deferrals,
+            "by_stage": {
+                Stage.EXTRACTION: a.extraction.spent(),
+                Stage.ATTRIBUTION: (a.usage - a.extraction).spent(),
+            },
         },
     }
     # the provider batch lane: usage by lane and stage (additive), and a batch run's progress
-    lane = run_lane_view(session, run, view["usage"])
+    lane = run_lane_view(session, run, a.usage)
     view["usage"].update(lane["usage"])
     view["batch"] = lane["batch"]
-    if aggregates.failures is not None:
-        view["failures"] = aggregates.failures
+    if a.failures is not None:
+        view["failures"] = a.failures
     return view
 
 
@@ -228,14 +314,14 @@ def run_view(session: Session, run: Run, details: bool = True) -> dict[str, Any]
     process that prints the details at the end pass details=False: a quarter less work. What
     it derives from a completed run's items is kept (recallq.kept)."""
 
-    def aggregate() -> dict[str, Any]:
+    def aggregate() -> RunAggregates:
         row = session.execute(
             select(*_aggregate_columns(run.scale, details)).where(Item.run_id == run.id)
         ).one()
-        return _aggregates(session, run, row, details).body()
+        return _aggregates(session, run, row._mapping, details)
 
-    body = kept.get_or_compute(session, "run", [run], aggregate, details=details)
-    return _view(session, run, _Aggregates.of(body), details)
+    aggregates = kept.get_or_compute(session, _RUN_VIEW, [run], aggregate, details=details)
+    return _view(session, run, aggregates, details)
 
 
 def run_views(session: Session, runs: Sequence[Run]) -> list[dict[str, Any]]:
@@ -243,26 +329,26 @@ def run_views(session: Session, runs: Sequence[Run]) -> list[dict[str, Any]]:
     scan (and kept, for completed runs)."""
     if not runs:
         return []
-    keys = {run.id: kept.key("run", [run], details=True) for run in runs}
-    found = kept.read(session, [key for key in keys.values() if key is not None])
-    bodies = {run.id: found[key] for run in runs if (key := keys[run.id]) in found}
-    computing = [run for run in runs if run.id not in bodies]
+    keys = {run.id: kept.key(_RUN_VIEW, [run], details=True) for run in runs}
+    found = kept.read(session, _RUN_VIEW, [key for key in keys.values() if key is not None])
+    aggregates = {run.id: found[key] for run in runs if (key := keys[run.id]) in found}
+    computing = [run for run in runs if run.id not in aggregates]
     if computing:
         rows = session.execute(
-            select(Item.run_id, *_aggregate_columns(Run.scale, details=True))
+            select(Item.run_id.label("run_id"), *_aggregate_columns(Run.scale, details=True))
             .join(Run, Run.id == Item.run_id)
             .where(Item.run_id.in_([run.id for run in computing]))
             .group_by(Item.run_id)
         ).all()
-        scanned = {row[0]: row[1:] for row in rows}
+        scanned = {row.run_id: row._mapping for row in rows}
         keeping: list[kept.View] = []
         for run in computing:
             body = kept.as_json(_aggregates(session, run, scanned.get(run.id), True).body())
-            bodies[run.id] = body
+            aggregates[run.id] = RunAggregates.of_body(body)
             if (key := keys[run.id]) is not None:
                 keeping.append(kept.View(key, run.id, None, body))
-        kept.keep(session, keeping)
-    return [_view(session, run, _Aggregates.of(bodies[run.id]), True) for run in runs]
+        kept.keep(session, _RUN_VIEW, keeping)
+    return [_view(session, run, aggregates[run.id], True) for run in runs]
 
 
 # --- runs, newest first ----------------------------------------------------------------------
@@ -655,7 +741,7 @@ def compare_runs(
         return result
 
     result = kept.get_or_compute(
-        session, "compare", [base, candidate], compare, by=by, top=top, pairs=pairs
+        session, _COMPARISON, [base, candidate], compare, by=by, top=top, pairs=pairs
     )
     return {**result, "base_run": _run_brief(base), "candidate_run": _run_brief(candidate)}
 
@@ -849,7 +935,7 @@ def group_summary(session: Session, run_id: str, by: str) -> dict[str, dict[str,
     run = session.get(Run, run_id)
     if run is None:
         return summarise()
-    return kept.get_or_compute(session, "groups", [run], summarise, by=by)
+    return kept.get_or_compute(session, _GROUP_SUMMARY, [run], summarise, by=by)
 
 
 def _no_metadata(_raw: str | None) -> dict[str, Any] | None:

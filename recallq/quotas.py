@@ -14,8 +14,8 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from recallq.ingest import SubmissionError
-from recallq.models import Item, Run
 from recallq.status import ITEM_ENDED, RUN_ACTIVE
+from recallq.tables import Item, Run
 
 # advisory lock ids are one bigint space for the whole database: ours start with this
 _LOCK_NAMESPACE = b"recallq-project:"

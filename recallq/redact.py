@@ -176,7 +176,7 @@ def install_log_redaction(redact: Redactor) -> None:
             # it): redact the merged message instead
             try:
                 merged = record.getMessage()
-            except Exception:  # noqa: BLE001  (a format that does not fit its arguments)
+            except Exception:  # a format that does not fit its arguments
                 merged = str(record.msg)
             record.msg, record.args = redact(merged), None
         else:

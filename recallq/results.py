@@ -13,6 +13,7 @@ from typing import Any
 from recallq import compare as ab
 from recallq import export
 from recallq.groups import GroupedItem, summarise_groups
+from recallq.status import PublicItemStatus
 
 #: Columns of Result.to_pandas(): the CSV export's, without the claims (claims_to_pandas).
 ITEM_FRAME_COLUMNS = [column for column in export.ITEM_COLUMNS if column != "claims"]
@@ -57,8 +58,8 @@ class Result:
 
     @property
     def summary(self) -> dict[str, Any]:
-        """mean_score, scored_items, claims_total, claims_attributed, no_ground_truth (items
-        scored 0 because they had none) and the score histogram."""
+        """mean_score, scored_items, claims_total, claims_attributed, no_ground_truth and
+        no_context (items scored 0 because they had none) and the score histogram."""
         summary: dict[str, Any] = self.run["summary"]
         return summary
 
@@ -116,7 +117,7 @@ def _item_scores(items: Iterable[dict[str, Any]]) -> list[ab.ItemScores]:
     return [
         ab.ItemScores(
             item["id"],
-            item["score"] if item["status"] == "succeeded" else None,
+            item["score"] if item["status"] == PublicItemStatus.SUCCEEDED else None,
             [(c["text"], c["verdict"]) for c in item["claims"] if c["verdict"] is not None],
             item.get("metadata"),
         )

@@ -1,6 +1,6 @@
 """Ended runs older than `RECALLQ_RETENTION_DAYS` are deleted, with their items and claims.
 
-One worker at a time applies it (a Redis lock, as the reaper's), every
+One worker per interval applies it (an ExclusiveTurn, recallq.coordination.periodic), every
 `RECALLQ_RETENTION_INTERVAL` seconds, from its housekeeping thread; a run is old when it
 ended (completed or cancelled) that many days ago. Runs still queued or running are never
 touched, whatever their age.
@@ -15,8 +15,9 @@ from redis import Redis
 
 from recallq.coordination import keys
 from recallq.coordination.gate import CallGate
-from recallq.models import utcnow
+from recallq.coordination.periodic import ExclusiveTurn
 from recallq.store import RunStore
+from recallq.tables import utcnow
 
 log = logging.getLogger(__name__)
 
@@ -33,21 +34,17 @@ class Retention:
         interval: float,
         worker_id: str,
     ) -> None:
-        self._redis = redis
         self._runs = runs
         self._gate = gate
         self.days = days
         self.interval = interval
-        self._worker_id = worker_id
+        self._turn = ExclusiveTurn(redis, keys.RETENTION_LOCK, interval, worker_id)
 
     def try_sweep(self) -> int:
         """Sweep if retention is set and no other worker did within the interval."""
         if not self.days or self.days <= 0:
             return 0
-        lock_ms = max(1000, int(self.interval * 900))
-        if not self._redis.set(keys.RETENTION_LOCK, self._worker_id, nx=True, px=lock_ms):
-            return 0
-        return self.sweep()
+        return self.sweep() if self._turn.claim() else 0
 
     def sweep(self) -> int:
         """Delete every run that ended more than `days` ago; returns how many."""

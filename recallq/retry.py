@@ -14,13 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
-from recallq.judge.base import (
-    JudgeError,
-    PermanentJudgeError,
-    ProviderUnavailable,
-    TransientJudgeError,
-    Usage,
-)
+from recallq.errors import JudgeError, PermanentJudgeError, ProviderUnavailable, TransientJudgeError
+from recallq.usage import Usage
 
 T = TypeVar("T")
 

@@ -36,9 +36,8 @@ from recallq.coordination.ratelimit import RateLimiter, RedisRateLimiter, Unlimi
 from recallq.db import Database
 from recallq.engine import Engine, WorkQueue
 from recallq.judge.base import Judge
-from recallq.judge.registry import JudgeRegistry
-from recallq.model_registry import ModelConfig, load_models
-from recallq.models import Run
+from recallq.judge.by_model import JudgeRegistry
+from recallq.judge_models import ModelConfig, load_models
 from recallq.reaper import Reaper
 from recallq.redact import Redactor, redact_url
 from recallq.retention import Retention
@@ -46,6 +45,7 @@ from recallq.retry import RetryPolicy
 from recallq.settings import Settings
 from recallq.status import RUN_ACTIVE
 from recallq.store import BatchedItemStore, ItemStore, RunStore, stores_for
+from recallq.tables import Run
 
 log = logging.getLogger(__name__)
 
@@ -215,7 +215,7 @@ class Runtime:
                 run = session.get(Run, run_id)
                 if run is not None:
                     queries.run_view(session, run)
-        except Exception:  # noqa: BLE001  (the run has completed; this must not undo a task)
+        except Exception:  # the run has completed; this must not undo a task
             log.warning("could not keep the view of completed run %s", run_id, exc_info=True)
 
     def _limiter_for(self, model: ModelConfig) -> RateLimiter:

@@ -150,7 +150,7 @@ def cmd_delete(args: argparse.Namespace) -> int:
 def cmd_estimate(args: argparse.Namespace) -> int:
     from recallq import dataset, ingest
     from recallq.db import Database, is_sqlite
-    from recallq.model_registry import ModelRegistryError, load_models
+    from recallq.judge_models import JudgeModelsError, load_models
     from recallq.settings import Settings
 
     settings = Settings()
@@ -167,7 +167,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
             context_extractor=args.context_extractor,
             limits=ingest.limits_of(settings),
         )
-    except (ingest.SubmissionError, ModelRegistryError) as exc:
+    except (ingest.SubmissionError, JudgeModelsError) as exc:
         print(f"recallq: {exc}", file=sys.stderr)
         return 2
     # the claim cache of the local database, when there is one (an estimate makes none)
@@ -201,7 +201,7 @@ def _estimate_without_database(spec: Any, items: Any, settings: Any, models: Any
     from sqlalchemy.orm import Session
 
     from recallq import ingest
-    from recallq.models import Base
+    from recallq.tables import Base
 
     engine = create_engine("sqlite://")
     Base.metadata.create_all(engine)

@@ -46,7 +46,21 @@ class RunStatus(StrEnum):
     CANCELLED = "cancelled"
 
 
+class PublicItemStatus(StrEnum):
+    """An item's status as the API, the pages, the exports and the CLI show it: a stored
+    status the user need not tell apart is shown as the one it means (public_item_status)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
 ITEM_ENDED = frozenset({ItemStatus.SUCCEEDED, ItemStatus.FAILED, ItemStatus.CANCELLED})
+PUBLIC_ITEM_ENDED = frozenset(
+    {PublicItemStatus.SUCCEEDED, PublicItemStatus.FAILED, PublicItemStatus.CANCELLED}
+)
 ITEM_IN_FLIGHT = frozenset({ItemStatus.QUEUED, ItemStatus.RUNNING})
 RUN_ENDED = frozenset({RunStatus.COMPLETED, RunStatus.CANCELLED})
 RUN_ACTIVE = frozenset({RunStatus.QUEUED, RunStatus.RUNNING})
@@ -88,18 +102,20 @@ RUN_TRANSITIONS: frozenset[tuple[RunStatus, RunStatus]] = frozenset(
 )
 
 
-def public_item_status(status: str) -> str:
+def public_item_status(status: str) -> PublicItemStatus:
     """What the API shows: an item waiting in the broker is still `pending` to a user, and one
     in its run's provider batch lane is `running` (its requests are with the provider)."""
     if status == ItemStatus.QUEUED:
-        return ItemStatus.PENDING
-    return ItemStatus.RUNNING if status == ItemStatus.BATCHED else status
+        return PublicItemStatus.PENDING
+    if status == ItemStatus.BATCHED:
+        return PublicItemStatus.RUNNING
+    return PublicItemStatus(status)
 
 
 def stored_item_statuses(public: str) -> tuple[ItemStatus, ...]:
     """The stored statuses behind a status the API shows."""
-    if public == ItemStatus.PENDING:
+    if public == PublicItemStatus.PENDING:
         return (ItemStatus.PENDING, ItemStatus.QUEUED)
-    if public == ItemStatus.RUNNING:
+    if public == PublicItemStatus.RUNNING:
         return (ItemStatus.RUNNING, ItemStatus.BATCHED)
-    return (ItemStatus(public),)
+    return (ItemStatus(PublicItemStatus(public)),)

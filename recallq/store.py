@@ -73,12 +73,12 @@ from sqlalchemy.orm import Session
 from recallq import metrics
 from recallq.claim_cache import ClaimCache
 from recallq.db import Database
-from recallq.judge.base import Usage
-from recallq.models import Claim, Item, Run, RunMode, as_utc, utcnow
 from recallq.outcomes import Deferred, Ended, Skipped, SkipReason, Stage, Taken
 from recallq.scoring import Outcome, Verdict
 from recallq.settings import Settings
 from recallq.status import ITEM_ENDED, ITEM_IN_FLIGHT, RUN_ENDED, ItemStatus, RunStatus
+from recallq.tables import Claim, Item, Run, RunMode, as_utc, utcnow
+from recallq.usage import Usage
 
 items, runs, claims_table = (
     cast(Table, Item.__table__),

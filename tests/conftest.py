@@ -1,12 +1,47 @@
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterator
+from functools import cache
 from pathlib import Path
 
 import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+
+TESTS = Path(__file__).resolve().parent
+#: What starts a process from a test: the API, Celery workers, chromium, the CLI.
+_STARTS_A_PROCESS = re.compile(r"\b(start_api|start_worker|subprocess|Popen|chromium)\b")
+_TEST_IMPORT = re.compile(r"^from tests\.([\w.]+) import", re.MULTILINE)
+#: The shared helpers: they define how processes start, and start none by being imported.
+_LIBRARIES = {TESTS / "services.py", TESTS / "stub_llm.py", TESTS / "fakes.py"}
+
+
+@cache
+def _starts_processes(module: Path) -> bool:
+    """Whether a test module starts processes: itself, a conftest.py above it, or a test
+    module or helper it imports from (the shared libraries aside)."""
+    if module in _LIBRARIES or not module.is_file():
+        return False
+    source = module.read_text()
+    conftests = [d / "conftest.py" for d in module.parents if d != TESTS and TESTS in d.parents]
+    imported = [
+        TESTS.joinpath(*name.split(".")).with_suffix(".py") for name in _TEST_IMPORT.findall(source)
+    ]
+    return bool(_STARTS_A_PROCESS.search(source)) or any(
+        _starts_processes(path) for path in (*conftests, *imported) if path != module
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The fast tier is `python -m pytest -m "not slow"`: the tests that start no process
+    (unit tests, and integration tests in-process against real Postgres, Redis and the stub
+    LLM server). Tests of a module that starts processes are slow, marked here, besides those
+    marked by hand (fault injection, provider incidents)."""
+    for item in items:
+        if _starts_processes(item.path):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")
@@ -27,7 +62,7 @@ def stub() -> Iterator:
 
 
 @pytest.fixture()
-def clean_stub(stub):  # type: ignore[no-untyped-def]
+def clean_stub(stub):
     """The stub with no recorded calls and no faults."""
     stub.reset()
     stub.configure(latency_ms=0, rate_429=0, rate_500=0, rpm_limit=None)
@@ -35,7 +70,7 @@ def clean_stub(stub):  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture(scope="module")
-def service_env(pg_database: str, stub, tmp_path_factory) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def service_env(pg_database: str, stub, tmp_path_factory) -> dict[str, str]:
     """Environment for recallq processes: Postgres, a clean Redis database, the stub model.
     Without keys (RECALLQ_AUTH=off) and without limits per client: the tests of those
     (tests/integration/test_security.py and its neighbours) start an API of their own."""

@@ -1,45 +1,76 @@
-"""The worker's Celery app and the runtime its tasks share.
+"""The worker's Celery app and the state its tasks share.
 
 `start(settings)` builds both once, where the worker process starts (`recallq worker`):
-the library patches are applied, the app is configured for the broker, and the runtime
-(database, Redis, judges, engine) is built. Tasks reach that runtime through `runtime()`.
+the library patches are applied, the app is configured for the broker, and the worker's state
+(`WorkerState`: its runtime, the messages it holds, the items it hands back) is built. Tasks
+and the housekeeping reach that state through `state()`, and the runtime through `runtime()`.
 """
 
 from __future__ import annotations
 
+import threading
+from dataclasses import dataclass, field
+
 from celery import Celery
 
 from recallq import broker, metrics, patches
+from recallq.coordination.liveness import HeldItems
+from recallq.reaper import HandBack
 from recallq.redact import install_log_redaction
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 
 app = Celery("recallq", include=["worker.tasks", "worker.housekeeping"])
-_runtime: Runtime | None = None
+
+
+@dataclass
+class WorkerState:
+    """Everything of this worker process that outlives a task, owned in one place."""
+
+    runtime: Runtime
+    held: HeldItems  # items of the messages received and not finished (for the reaper)
+    hand_back: HandBack  # items of tasks that ended without settling them
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    @classmethod
+    def build(cls, runtime: Runtime) -> WorkerState:
+        if runtime.redis is None or runtime.heartbeat is None:
+            raise RuntimeError("a worker needs Redis: build its runtime with distributed()")
+        return cls(
+            runtime, HeldItems(runtime.redis, runtime.heartbeat.worker_id), HandBack(runtime.items)
+        )
+
+
+_state: WorkerState | None = None
 
 
 def start(settings: Settings, metrics_address: tuple[str, int] | None = None) -> Celery:
-    """Configure the app and build this worker's runtime; returns the app to run. With
+    """Configure the app and build this worker's state; returns the app to run. With
     `metrics_address` (host, port), this process's metrics are served there."""
-    global _runtime
+    global _state
     patches.prepare_kombu()
     patches.prepare_litellm()  # before the first task: litellm loads in ~6 s of CPU
     broker.configure(app, settings.redis_url)
     # No pre-ping before each transaction: an outage already hands the message back.
     queue = broker.CeleryQueue(app, settings.extraction_pack)
-    _runtime = Runtime.distributed(settings, queue, pre_ping=False)
+    _state = WorkerState.build(Runtime.distributed(settings, queue, pre_ping=False))
     # provider errors are redacted before they are stored; this covers every log line too
-    install_log_redaction(_runtime.redactor)
+    runtime = _state.runtime
+    install_log_redaction(runtime.redactor)
     if metrics_address is not None:
-        models = _runtime.models.keys
+        models = runtime.models.keys
         metrics.use_state_collectors(
-            metrics.HeartbeatCollector(), metrics.BreakerCollector(_runtime.breaker, models)
+            metrics.HeartbeatCollector(), metrics.BreakerCollector(runtime.breaker, models)
         )
         metrics.serve(*metrics_address)
     return app
 
 
-def runtime() -> Runtime:
-    if _runtime is None:
+def state() -> WorkerState:
+    if _state is None:
         raise RuntimeError("worker.celery_app.start() was not called in this process")
-    return _runtime
+    return _state
+
+
+def runtime() -> Runtime:
+    return state().runtime

@@ -1,87 +1,69 @@
-"""The worker's background threads: its heartbeat, the reaper's sweeps, the retention and
-handing back the items of tasks that a database or Redis outage interrupted; the provider
-batch lane's polls.
+"""The worker's background threads: its heartbeat (with the messages it holds), the reaper's
+sweeps, the retention and handing back the items of tasks that a database or Redis outage
+interrupted; the provider batch lane's polls.
 
-Started when the worker is ready, stopped when it shuts down. One worker at a time sweeps
-(see recallq.reaper) and applies the retention (recallq.retention); every worker beats. One
-worker at a time polls the batch lane (see recallq.batch_lane), in a thread of its own:
-applying a large batch's results takes longer than a heartbeat may wait.
+Started when the worker is ready, stopped when it shuts down. Every job is a Periodic, and
+the reaper, the retention and the lane poll run at most once per interval across all workers
+(an ExclusiveTurn each; see recallq.coordination.periodic); every worker beats. The lane
+polls in a thread of its own: applying a large batch's results takes longer than a heartbeat
+may wait.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any
 
 from celery import signals
 
 from recallq.batch_lane import BatchLane
 from recallq.coordination import keys
-from recallq.reaper import Reaper
-from recallq.retention import Retention
-from recallq.store import ItemStore
-from worker.celery_app import runtime
+from recallq.coordination.periodic import ExclusiveTurn, Periodic, run_periodically
+from worker.celery_app import WorkerState, state
+from worker.tasks import items_of
 
 log = logging.getLogger(__name__)
 
-_stop = threading.Event()
-_abandoned: set[int] = set()
-_abandoned_lock = threading.Lock()
 
-
-def hand_back(item_ids: list[object]) -> None:
-    """Items an interrupted task held: their leases expire as soon as the database answers."""
-    with _abandoned_lock:
-        _abandoned.update(i for i in item_ids if isinstance(i, int))
-
-
-def _hand_back_abandoned(items: ItemStore) -> None:
-    with _abandoned_lock:
-        pending = list(_abandoned)
-    for item_id in pending:
-        items.expire_lease(item_id)  # raises while the database is still down: next beat
-        with _abandoned_lock:
-            _abandoned.discard(item_id)
-
-
-def _loop(reaper: Reaper, retention: Retention, items: ItemStore) -> None:
+def housekeeping_jobs(worker: WorkerState) -> list[Periodic]:
+    current = worker.runtime
+    reaper, retention = current.reaper(), current.retention()
     heartbeat = reaper.heartbeat
-    next_sweep = time.monotonic() + min(reaper.interval, heartbeat.interval)
-    next_retention = time.monotonic() + min(reaper.interval, retention.interval)
-    while not _stop.is_set():
-        try:
-            _hand_back_abandoned(items)
-        except Exception:  # noqa: BLE001  (the database is still down)
-            log.info("items to hand back wait for the database", exc_info=True)
-        try:
-            heartbeat.beat()
-            if time.monotonic() >= next_sweep:
-                next_sweep = time.monotonic() + reaper.interval
-                reaper.try_sweep()
-            if time.monotonic() >= next_retention:
-                next_retention = time.monotonic() + retention.interval
-                retention.try_sweep()
-        except Exception:  # noqa: BLE001  (an outage must not kill the thread)
-            log.warning("housekeeping failed; retrying", exc_info=True)
-        _stop.wait(min(heartbeat.interval, reaper.interval))
+
+    def beat() -> None:
+        heartbeat.beat()
+        worker.held.publish()
+
+    return [
+        # first, so that a beat waiting for the database does not wait for the hand-back
+        Periodic("heartbeat", heartbeat.interval, beat, first_after=0),
+        Periodic("hand-back", heartbeat.interval, worker.hand_back.drain, first_after=0),
+        Periodic(
+            "reaper", reaper.interval, reaper.try_sweep, min(reaper.interval, heartbeat.interval)
+        ),
+        Periodic(
+            "retention",
+            retention.interval,
+            retention.try_sweep,
+            min(reaper.interval, retention.interval),
+        ),
+    ]
 
 
-def _lane_loop(lane: BatchLane, worker_id: str) -> None:
-    interval = lane.interval
-    lock_ms = max(100, int(interval * 900))
-    while not _stop.wait(interval):
-        try:
-            redis = runtime().redis
-            assert redis is not None
-            # one poll per interval across the workers (the poll's own lock keeps them apart)
-            if redis.set(keys.BATCH_LANE_POLL, worker_id, nx=True, px=lock_ms):
-                report = lane.poll()
-                if report.batches_created or report.batches_applied or report.adopted:
-                    log.info("batch lane: %s", report)
-        except Exception:  # noqa: BLE001  (an outage must not kill the thread)
-            log.warning("batch lane poll failed; retrying", exc_info=True)
+def lane_job(worker: WorkerState, lane: BatchLane) -> Periodic:
+    redis, heartbeat = worker.runtime.redis, worker.runtime.heartbeat
+    assert redis is not None and heartbeat is not None  # a worker's runtime is distributed
+    turn = ExclusiveTurn(redis, keys.BATCH_LANE_POLL, lane.interval, heartbeat.worker_id)
+
+    def poll() -> None:
+        # one poll per interval across the workers (the poll's own lock keeps them apart)
+        if turn.claim():
+            report = lane.poll()
+            if report.batches_created or report.batches_applied or report.adopted:
+                log.info("batch lane: %s", report)
+
+    return Periodic("batch lane poll", lane.interval, poll)
 
 
 @signals.after_setup_logger.connect
@@ -92,24 +74,28 @@ def _quiet_per_task_logs(**_: Any) -> None:
         logging.getLogger(name).setLevel(logging.WARNING)
 
 
+@signals.task_received.connect
+def _hold(request: Any = None, **_: Any) -> None:
+    """A message is this worker's from its receipt (it may wait, prefetched, for a thread)."""
+    task = getattr(request, "task", None)
+    if task is not None:
+        state().held.received(items_of(task.run, request.args, request.kwargs))
+
+
 @signals.worker_ready.connect
 def _start(**_: Any) -> None:
-    current = runtime()
-    reaper = current.reaper()
-    reaper.heartbeat.beat()
-    reaper.mark_broker_fresh()
-    retention = current.retention()
-    thread = threading.Thread(
-        target=_loop,
-        args=(reaper, retention, current.items),
+    worker = state()
+    jobs = housekeeping_jobs(worker)
+    jobs[0].job()  # beat at once: this worker is alive before anything else happens
+    threading.Thread(
+        target=run_periodically,
+        args=(jobs, worker.stop),
         name="recallq-housekeeping",
         daemon=True,
-    )
-    thread.start()
-    lane = current.batch_lane()
+    ).start()
     threading.Thread(
-        target=_lane_loop,
-        args=(lane, reaper.heartbeat.worker_id),
+        target=run_periodically,
+        args=([lane_job(worker, worker.runtime.batch_lane())], worker.stop),
         name="recallq-batch-lane",
         daemon=True,
     ).start()
@@ -117,4 +103,6 @@ def _start(**_: Any) -> None:
 
 @signals.worker_shutdown.connect
 def _stop_housekeeping(**_: Any) -> None:
-    _stop.set()
+    worker = state()
+    worker.stop.set()
+    worker.held.clear()

@@ -1,7 +1,7 @@
 """Celery tasks: thin wrappers around the engine's stages.
 
-    extract_group([item_id, ...])  ──► for each item whose claims were found:
-                                       attribute(pass, item_id)
+    extract_group(item_ids=[...])  ──► for each item whose claims were found:
+                                       attribute(message=, item_id=)
 
 What follows each stage is the engine's routing (Engine.go_on), as in the local runner; a
 deferred item is the reaper's to send again when it is due.
@@ -13,30 +13,49 @@ requeue) instead of failing it, so nothing is lost while a service restarts.
 from __future__ import annotations
 
 import functools
+import inspect
 import logging
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import kombu.exceptions
 import redis
 import sqlalchemy.exc
 from celery.exceptions import Reject
 
 from recallq import broker
+from recallq.broker import items_named
 from recallq.outcomes import Taken
-from worker import housekeeping
-from worker.celery_app import app, runtime
+from worker.celery_app import app, runtime, state
 
 log = logging.getLogger(__name__)
 
-OUTAGES = (sqlalchemy.exc.OperationalError, sqlalchemy.exc.InterfaceError, redis.ConnectionError)
+OUTAGES = (
+    sqlalchemy.exc.OperationalError,
+    sqlalchemy.exc.InterfaceError,
+    redis.ConnectionError,
+    redis.TimeoutError,
+    kombu.exceptions.OperationalError,  # sending the next message with the broker down
+)
 OUTAGE_PAUSE = 2.0
 T = TypeVar("T")
+
+
+def items_of(task: Callable[..., Any], args: Any, kwargs: Any) -> list[int]:
+    """The items of one call of a task function (a message's args and kwargs)."""
+    try:
+        bound = inspect.signature(task).bind(*(args or ()), **(kwargs or {}))
+    except TypeError:  # a malformed message: its task fails on it, and holds no item
+        return []
+    return items_named(bound.arguments)
 
 
 def requeue_on_outage(task: Callable[..., T]) -> Callable[..., T]:
     @functools.wraps(task)
     def run(*args: Any, **kwargs: Any) -> T:
+        worker = state()
+        items = items_of(task, args, kwargs)
         try:
             return task(*args, **kwargs)
         except OUTAGES as exc:
@@ -44,10 +63,11 @@ def requeue_on_outage(task: Callable[..., T]) -> Callable[..., T]:
             # This worker still holds the items it took, and it lives on: its message may come
             # back to a worker that leaves them to it, or be lost with the broker. Hand them
             # back as soon as the database answers, so the reaper sends them again then.
-            last = args[-1] if args else None
-            housekeeping.hand_back(last if isinstance(last, list) else [last])
+            worker.hand_back.add(items)
             time.sleep(OUTAGE_PAUSE)
             raise Reject(str(exc), requeue=True) from exc
+        finally:
+            worker.held.finished(items)
 
     return run
 

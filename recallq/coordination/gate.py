@@ -26,7 +26,7 @@ from typing import Protocol
 from redis import Redis
 
 from recallq.coordination import keys, scripts
-from recallq.judge.base import JudgeError
+from recallq.errors import JudgeError
 
 #: the cancel flag's value when a user cancelled, and when the budget was reached
 CANCELLED_BY_USER = "1"

@@ -4,13 +4,20 @@ from __future__ import annotations
 
 PREFIX = "recallq:"
 
-#: Set once on a fresh broker; its absence tells the reaper Redis lost its data.
+#: The broker's epoch (a Redis run_id), also kept in Postgres: while Redis keeps its data,
+#: the two agree (recallq.coordination.epoch.BrokerEpochs).
 BROKER_EPOCH = PREFIX + "broker-epoch"
 #: Held by the one worker sweeping for lost work.
 REAPER_LOCK = PREFIX + "reaper-lock"
-#: Set by the worker polling the provider batch lane this interval (its Postgres advisory
-#: lock, not this key, keeps polls from overlapping: see recallq.batch_store).
+#: The turn of the worker polling the provider batch lane this interval (its Postgres
+#: advisory lock, not this key, keeps polls from overlapping: see recallq.batch_store).
 BATCH_LANE_POLL = PREFIX + "batch-lane-poll"
+
+
+def held_items(worker_id: str) -> str:
+    """Set: the items of the task messages a worker received and has not finished. It
+    outlives the worker, so the reaper can requeue what a dead worker held."""
+    return f"{PREFIX}held:{worker_id}"
 
 
 def heartbeat(worker_id: str) -> str:

@@ -1,13 +1,18 @@
-"""Who this worker process is, and the heartbeat that tells the reaper it is alive."""
+"""Who this worker process is, the heartbeat that tells the reaper it is alive, and the
+items of the messages it holds, which the reaper requeues when it dies."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import threading
 import time
 import uuid
+from collections import Counter
+from collections.abc import Callable, Iterable
 
-from redis import Redis
+from redis import Redis, RedisError
 
 from recallq import metrics
 from recallq.coordination import keys
@@ -64,3 +69,99 @@ class Heartbeat:
     def holder_alive(self, owner: str) -> bool:
         """Whether the worker named in an item's owner token still beats."""
         return bool(self.alive([worker_of(owner)]))
+
+    def live_workers_ids(self) -> list[str]:
+        """Workers beating now."""
+        recent = [
+            w.decode() if isinstance(w, bytes) else str(w)
+            for w in self._redis.zrangebyscore(keys.WORKERS, time.time() - self.ttl, "+inf")
+        ]
+        alive = self.alive(recent)
+        return [w for w in recent if w in alive]
+
+    def dead_workers(self) -> list[str]:
+        """Workers that beat within a day but not within the heartbeat TTL."""
+        now = time.time()
+        silent = [
+            w.decode() if isinstance(w, bytes) else str(w)
+            for w in self._redis.zrangebyscore(keys.WORKERS, now - FORGET_AFTER, now - self.ttl)
+        ]
+        alive = self.alive(silent)
+        return [w for w in silent if w not in alive]
+
+
+class HeldItems:
+    """The items of the task messages this worker received and has not finished, in Redis.
+
+    A message is held from its receipt (prefetched, before any stage takes its item) until
+    its task ends; a worker killed meanwhile leaves the set behind, and the reaper requeues
+    its items once the heartbeat is gone (the database may still name a live worker as the
+    item's owner: the one that sent the message). Each change is written through; `publish`
+    writes the whole set again (after a Redis restart, or a write that failed)."""
+
+    def __init__(self, redis: Redis, worker_id: str = WORKER_ID) -> None:
+        self._redis = redis
+        self._key = keys.held_items(worker_id)
+        self._counts: Counter[int] = Counter()
+        self._lock = threading.Lock()
+
+    def received(self, item_ids: Iterable[int]) -> None:
+        ids = list(item_ids)
+        if not ids:
+            return
+        with self._lock:
+            self._counts.update(ids)
+            _quietly(lambda: self._redis.sadd(self._key, *ids))
+
+    def finished(self, item_ids: Iterable[int]) -> None:
+        with self._lock:
+            done = []
+            for item_id in item_ids:
+                self._counts[item_id] -= 1
+                if self._counts[item_id] <= 0:
+                    del self._counts[item_id]
+                    done.append(item_id)
+            if done:
+                _quietly(lambda: self._redis.srem(self._key, *done))
+
+    def held(self) -> set[int]:
+        with self._lock:
+            return set(self._counts)
+
+    def publish(self) -> None:
+        with self._lock, self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self._key)
+            if self._counts:
+                pipe.sadd(self._key, *self._counts)
+            pipe.execute()
+
+    def clear(self) -> None:
+        """A warm shutdown: the messages not run go back to the broker, nothing is lost."""
+        with self._lock:
+            self._counts.clear()
+            _quietly(lambda: self._redis.delete(self._key))
+
+
+def held_by(redis: Redis, worker_ids: Iterable[str]) -> dict[str, set[int]]:
+    """The items each worker holds messages of (see HeldItems)."""
+    workers = list(worker_ids)
+    if not workers:
+        return {}
+    with redis.pipeline(transaction=False) as pipe:
+        for worker_id in workers:
+            pipe.smembers(keys.held_items(worker_id))
+        found = pipe.execute()
+    return {w: {int(i) for i in ids} for w, ids in zip(workers, found, strict=True)}
+
+
+def forget_held(redis: Redis, worker_ids: Iterable[str]) -> None:
+    """Dead workers' sets, once the reaper requeued what they held."""
+    names = [keys.held_items(w) for w in worker_ids]
+    if names:
+        redis.delete(*names)
+
+
+def _quietly(write: Callable[[], object]) -> None:
+    # Redis is down: the next heartbeat publishes the whole set (HeldItems.publish)
+    with contextlib.suppress(RedisError):
+        write()

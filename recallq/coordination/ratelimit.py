@@ -17,7 +17,7 @@ from redis import Redis
 
 from recallq import metrics
 from recallq.coordination import keys, scripts
-from recallq.judge.base import RateLimited
+from recallq.errors import RateLimited
 
 
 class RateLimiter(Protocol):

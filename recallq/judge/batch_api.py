@@ -17,13 +17,13 @@ from typing import Any, TypeVar
 
 from recallq import patches
 from recallq.batch_requests import ENDPOINT, BatchInfo, is_transient
-from recallq.judge.base import PermanentJudgeError, TransientJudgeError
-from recallq.model_registry import ModelConfig
+from recallq.errors import PermanentJudgeError, TransientJudgeError
+from recallq.judge_models import ModelConfig
 from recallq.redact import Redactor
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
 
-import litellm  # noqa: E402  (after the variable above)
+import litellm  # after the variable above
 
 #: litellm_params that say where the provider is and who calls it (the rest shape requests).
 CONNECTION_PARAMS = ("api_base", "api_key", "api_version", "organization")
@@ -42,7 +42,7 @@ class LitellmBatchAPI:
         self.body_params = params
         try:
             self.body_model, self._provider, _, _ = litellm.get_llm_provider(params["model"])
-        except Exception as exc:  # noqa: BLE001  (litellm raises its own kinds for this)
+        except Exception as exc:  # litellm raises its own kinds for this
             raise PermanentJudgeError(f"model {config.name!r}: {exc}") from exc
         self._call_params: dict[str, Any] = {
             "custom_llm_provider": self._provider,
@@ -107,7 +107,7 @@ class LitellmBatchAPI:
         try:
             with patches.without_litellm_callbacks():
                 return function(**kwargs)
-        except Exception as exc:  # noqa: BLE001  (the SDK's and litellm's kinds both occur)
+        except Exception as exc:  # the SDK's and litellm's kinds both occur
             status = getattr(exc, "status_code", None)
             status = status if isinstance(status, int) else None
             message = self._redact(f"{type(exc).__name__}: {_first_line(exc)}")

@@ -19,25 +19,23 @@ from recallq import metrics, patches
 from recallq.coordination.breaker import CircuitBreaker, Open, Probe
 from recallq.coordination.gate import CallGate
 from recallq.coordination.ratelimit import RateLimiter
-from recallq.judge import protocol
-from recallq.judge.base import (
+from recallq.errors import (
     JudgeError,
-    JudgeReply,
     MalformedAnswer,
-    PackedReply,
     PermanentJudgeError,
     ProviderUnavailable,
-    Repair,
     TransientJudgeError,
-    Usage,
 )
-from recallq.model_registry import ModelConfig
+from recallq.judge import protocol
+from recallq.judge.base import JudgeReply, PackedReply, Repair
+from recallq.judge_models import ModelConfig
 from recallq.redact import Redactor
 from recallq.retry import RetryPolicy, call_with_retries
+from recallq.usage import Usage
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
 
-import litellm  # noqa: E402  (after the variable above)
+import litellm  # after the variable above
 
 _TRANSIENT = (
     litellm.RateLimitError,

@@ -95,7 +95,7 @@ class Stack:
 
 
 @pytest.fixture(scope="package")
-def stack(browser, pg_database: str, stub, tmp_path_factory) -> Iterator[Stack]:  # type: ignore[no-untyped-def]
+def stack(browser, pg_database: str, stub, tmp_path_factory) -> Iterator[Stack]:
     """The stack, started once the browser is known to be there (else every test skips)."""
     from tests.services import write_models_file
 
@@ -149,7 +149,7 @@ def browser() -> Iterator[Any]:
 
 
 @pytest.fixture()
-def context(browser) -> Iterator[Any]:  # type: ignore[no-untyped-def]
+def context(browser) -> Iterator[Any]:
     """A fresh browser context (no cookies): one user's browser."""
     made = browser.new_context(viewport=VIEWPORT, device_scale_factor=1)
     made.set_default_timeout(10_000)  # a page answers in milliseconds; fail fast when not
@@ -168,7 +168,7 @@ def sign_in(context: Any, url: str, key: str) -> Any:
 
 
 @pytest.fixture(scope="package")
-def screenshots(tmp_path_factory) -> Iterator[Path]:  # type: ignore[no-untyped-def]
+def screenshots(tmp_path_factory) -> Iterator[Path]:
     directory: Path = tmp_path_factory.mktemp("screenshots")
     yield directory
     print(f"\nbrowser screenshots: {directory}")

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -248,7 +249,9 @@ def test_a_bad_item_read_mid_upload_stores_nothing(api_url: str) -> None:
     import recallq
     from recallq.dataset import DatasetError
 
-    items = [{"id": f"i{n}", "ground_truth": "g", "context": ["c"]} for n in range(1500)]
+    items: list[dict[str, Any]] = [
+        {"id": f"i{n}", "ground_truth": "g", "context": ["c"]} for n in range(1500)
+    ]
     items[1200]["context"] = [{"url": "https://example.com"}]
     with recallq.Client(api_url) as client:
         with pytest.raises(DatasetError, match=r"item 1200 \(i1200\): context passage 0"):

@@ -53,7 +53,7 @@ def _rows(db: Path, sql: str, *params: Any) -> list[tuple[Any, ...]]:
 
 
 @pytest.fixture
-def stub_env(tmp_path: Path, clean_stub) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def stub_env(tmp_path: Path, clean_stub) -> dict[str, str]:
     return {
         "RECALLQ_DATABASE_URL": f"sqlite:///{tmp_path / 'local.db'}",
         "RECALLQ_MODELS_FILE": str(write_models_file(tmp_path, clean_stub.base_url)),
@@ -170,7 +170,7 @@ def test_version(tmp_path: Path) -> None:
 # --- exit codes and gates -------------------------------------------------------------------
 
 
-def test_failed_items_and_gates_set_the_exit_code(tmp_path: Path, stub_env, clean_stub) -> None:  # type: ignore[no-untyped-def]
+def test_failed_items_and_gates_set_the_exit_code(tmp_path: Path, stub_env, clean_stub) -> None:
     items = [
         {"id": "ok", "ground_truth": "Paris is in France.", "context": ["Paris is in France."]},
         {"id": "bad", "ground_truth": "STUB_HTTP_400 breaks it.", "context": ["anything"]},
@@ -229,7 +229,7 @@ def _calls_mentioning(calls: list[dict[str, Any]], texts: list[str]) -> list[dic
     ]
 
 
-def _wait_for(predicate, timeout: float = 60) -> None:  # type: ignore[no-untyped-def]
+def _wait_for(predicate, timeout: float = 60) -> None:
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
@@ -239,7 +239,7 @@ def _wait_for(predicate, timeout: float = 60) -> None:  # type: ignore[no-untype
 def test_ctrl_c_then_the_same_command_resumes_without_paying_twice(
     tmp_path: Path,
     stub_env,
-    clean_stub,  # type: ignore[no-untyped-def]
+    clean_stub,
 ) -> None:
     items = [
         {"id": f"w{n}", "ground_truth": truth, "context": [truth.split(". ")[0] + "."]}
@@ -322,7 +322,7 @@ def test_ctrl_c_then_the_same_command_resumes_without_paying_twice(
 def test_a_second_ctrl_c_abandons_calls_in_flight_and_resume_sends_them_again(
     tmp_path: Path,
     stub_env,
-    clean_stub,  # type: ignore[no-untyped-def]
+    clean_stub,
 ) -> None:
     items = [
         {"id": f"s{n}", "ground_truth": f"Slow fact {n} holds.", "context": [f"Slow fact {n}."]}

@@ -14,7 +14,7 @@ from tests.integration.test_pipeline import ITEMS
 from tests.services import REPO, write_models_file
 
 
-def recallq_run(args: list[str], cwd: Path, env: dict[str, str] | None = None):  # type: ignore[no-untyped-def]
+def recallq_run(args: list[str], cwd: Path, env: dict[str, str] | None = None):
     env = {k: v for k, v in (env or os.environ).items() if not k.startswith("RECALLQ_")} | {
         k: v for k, v in (env or {}).items() if k.startswith("RECALLQ_")
     }
@@ -43,9 +43,16 @@ def test_example_runs_offline_with_a_summary(tmp_path: Path) -> None:
     assert by_id["medical-amoxicillin-no-context"]["score"] == 0
     assert all(c["verdict"] == "no" for c in by_id["medical-amoxicillin-no-context"]["claims"])
     assert any(0 < r["score"] < 1 for r in results)
+    # the example's item without passages is counted apart, not taken for a retrieval miss
+    assert "no_context         1 item scored 0: no context was retrieved" in done.stdout
+    gated = recallq_run(
+        [str(REPO / "examples" / "eval_set.jsonl"), "--max-no-context", "0"], tmp_path
+    )
+    assert gated.returncode == 1
+    assert "1 item was scored without any context, more than --max-no-context 0" in gated.stderr
 
 
-def test_same_scenarios_through_the_stub_on_sqlite(tmp_path: Path, clean_stub) -> None:  # type: ignore[no-untyped-def]
+def test_same_scenarios_through_the_stub_on_sqlite(tmp_path: Path, clean_stub) -> None:
     data = tmp_path / "items.jsonl"
     items = [dict(item) for item in ITEMS[:4]]
     data.write_text("".join(json.dumps(i) + "\n" for i in items))
@@ -82,7 +89,7 @@ def test_bad_file_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_a_key_missing_from_the_environment_stops_before_any_item(
     tmp_path: Path, clean_stub
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     env = {k: v for k, v in os.environ.items() if k != "STUB_API_KEY"} | {
         "RECALLQ_DATABASE_URL": f"sqlite:///{tmp_path / 'local.db'}",
         "RECALLQ_MODELS_FILE": str(write_models_file(tmp_path, clean_stub.base_url)),

@@ -212,7 +212,7 @@ class _Recorder(BaseHTTPRequestHandler):
 
     seen: list[dict[str, Any]] = []
 
-    def do_GET(self) -> None:  # noqa: N802  (the http.server API)
+    def do_GET(self) -> None:  # the http.server API
         _Recorder.seen.append({"path": self.path, "authorization": self.headers["Authorization"]})
         body = json.dumps(RUN_VIEW).encode()
         self.send_response(200)

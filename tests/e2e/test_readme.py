@@ -134,8 +134,8 @@ def test_the_service_quickstart_works_as_written(tmp_path: Path) -> None:
         redis.stop()
         with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
             conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-    out, err = out_file.read_text(), err_file.read_text()
-    assert process.returncode == 0, err[-3000:]
-    assert "Traceback" not in err
-    assert "completed" in out
-    assert "No runs" not in out
+    stdout, stderr = out_file.read_text(), err_file.read_text()
+    assert process.returncode == 0, stderr[-3000:]
+    assert "Traceback" not in stderr
+    assert "completed" in stdout
+    assert "No runs" not in stdout

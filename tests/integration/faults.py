@@ -34,7 +34,7 @@ def submit(api: str, items: list[dict[str, Any]], **fields: Any) -> str:
     return response.json()["id"]
 
 
-def calls_for_tag(stub, tag: str) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+def calls_for_tag(stub, tag: str) -> list[dict[str, Any]]:
     return [c for c in stub.calls() if c["data"] and f"Sample {tag}" in json.dumps(c["data"])]
 
 
@@ -105,7 +105,7 @@ def assert_exactly_once(
     return rows
 
 
-def wait_until(predicate, timeout: float = 60, interval: float = 0.1) -> None:  # type: ignore[no-untyped-def]
+def wait_until(predicate, timeout: float = 60, interval: float = 0.1) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if predicate():

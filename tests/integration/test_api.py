@@ -59,7 +59,7 @@ def _error(response: httpx.Response) -> tuple[int, str]:
         ({"items": _items(1), "api_base": "http://evil"}, (422, "invalid_request")),
     ],
 )
-def test_bad_submissions_are_4xx_and_store_nothing(api: str, body: dict, expected) -> None:  # type: ignore[no-untyped-def]
+def test_bad_submissions_are_4xx_and_store_nothing(api: str, body: dict, expected) -> None:
     response = httpx.post(f"{api}/v1/runs", json=body)
     assert _error(response) == expected
 

@@ -44,7 +44,7 @@ def api(service_env: dict[str, str]) -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def score(pg_database: str):  # type: ignore[no-untyped-def]
+def score(pg_database: str):
     """Score a stored run in this process (the engine of local mode, on the API's database)."""
 
     def run(run_id: str) -> None:
@@ -74,7 +74,7 @@ def _submit(api: str, items: list[dict[str, Any]], **fields: Any) -> dict[str, A
     return response.json()
 
 
-def test_ragas_and_deepeval_items_in_json_and_ndjson_bodies(api: str, score) -> None:  # type: ignore[no-untyped-def]
+def test_ragas_and_deepeval_items_in_json_and_ndjson_bodies(api: str, score) -> None:
     run = _submit(api, [{"id": "r", **RAGAS}, {"id": "d", **DEEPEVAL}], name="tools")
     lines = "".join(json.dumps(item) + "\n" for item in ({"id": "r", **RAGAS}, DEEPEVAL))
     streamed = httpx.post(
@@ -119,8 +119,8 @@ def test_errors_about_fields_name_the_item_and_the_field(api: str) -> None:
     assert "above the 16 KiB limit" in too_big.json()["error"]["message"]
 
 
-def test_results_with_and_without_item_data_and_per_claim(api: str, score) -> None:  # type: ignore[no-untyped-def]
-    items = [
+def test_results_with_and_without_item_data_and_per_claim(api: str, score) -> None:
+    items: list[dict[str, Any]] = [
         {
             "id": "a",
             "reference": "Oslo is in Norway. Lima is in Peru.",
@@ -168,8 +168,8 @@ def test_results_with_and_without_item_data_and_per_claim(api: str, score) -> No
     assert view["failures"] == [] and view["summary"]["no_ground_truth"] == 0
 
 
-def test_no_ground_truth_is_counted_apart(api: str, score) -> None:  # type: ignore[no-untyped-def]
-    items = [
+def test_no_ground_truth_is_counted_apart(api: str, score) -> None:
+    items: list[dict[str, Any]] = [
         {"id": "x", "ground_truth": None, "context": ["c"]},
         {"id": "y", "ground_truth": "  ", "context": ["c"]},
         {"id": "z", "ground_truth": "Cats purr.", "context": ["Cats purr."]},
@@ -178,6 +178,19 @@ def test_no_ground_truth_is_counted_apart(api: str, score) -> None:  # type: ign
     score(run_id)
     summary = httpx.get(f"{api}/v1/runs/{run_id}").json()["summary"]
     assert summary["no_ground_truth"] == 2 and summary["scored_items"] == 3
+
+
+def test_no_context_is_counted_apart(api: str, score) -> None:
+    items: list[dict[str, Any]] = [
+        {"id": "empty", "ground_truth": "Cats purr.", "context": []},
+        {"id": "neither", "ground_truth": None, "context": []},  # counted as no ground truth
+        {"id": "fine", "ground_truth": "Cats purr.", "context": ["Cats purr."]},
+    ]
+    run_id = _submit(api, items)["id"]
+    score(run_id)
+    summary = httpx.get(f"{api}/v1/runs/{run_id}").json()["summary"]
+    assert summary["no_context"] == 1 and summary["no_ground_truth"] == 1
+    assert summary["scored_items"] == 3
 
 
 def test_runs_newest_first_paged_and_filtered(api: str) -> None:
@@ -207,7 +220,7 @@ def test_runs_newest_first_paged_and_filtered(api: str) -> None:
     assert _error(httpx.get(f"{api}/v1/runs", params={"limit": 1000}))[0] == 422
 
 
-def test_compare_two_runs_of_the_same_items(api: str, score) -> None:  # type: ignore[no-untyped-def]
+def test_compare_two_runs_of_the_same_items(api: str, score) -> None:
     """40 items of 2 claims; the candidate finds both facts for every fourth item, so the
     mean difference is exactly 0.125."""
     base_items, candidate_items = [], []

@@ -36,7 +36,7 @@ def env(service_env: dict[str, str]) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def keys(env: dict[str, str]) -> dict[str, str | None]:
-    made = {
+    made: dict[str, str | None] = {
         "read": make_key(env, "alpha", "read"),
         "write": make_key(env, "alpha", "write"),
         "admin": make_key(env, "alpha", "admin"),

@@ -235,7 +235,7 @@ def test_a_bad_submission_is_a_4xx(
     assert httpx.get(f"{api}/healthz", timeout=5).status_code == 200
 
 
-def test_the_jmespath_bomb_is_refused_quickly_and_small(api: str, key: str, served) -> None:  # type: ignore[no-untyped-def]
+def test_the_jmespath_bomb_is_refused_quickly_and_small(api: str, key: str, served) -> None:
     import psutil
 
     process = psutil.Process(served[2].proc.pid)
@@ -315,7 +315,7 @@ def test_an_empty_idempotency_key_is_no_key(api: str, key: str) -> None:
     assert first.json()["id"] != second.json()["id"]
 
 
-def test_the_log_holds_no_traceback_and_no_body(served) -> None:  # type: ignore[no-untyped-def]
+def test_the_log_holds_no_traceback_and_no_body(served) -> None:
     url, key, process = served
     assert httpx.get(f"{url}/healthz").status_code == 200
     log = process.output()

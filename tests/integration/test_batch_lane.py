@@ -23,12 +23,13 @@ from recallq.batch_requests import InputFile, request_line
 from recallq.batch_store import LaneRun, LaneStore
 from recallq.db import Database
 from recallq.engine import Engine
-from recallq.model_registry import batch_models, load_models
-from recallq.models import Item, Run
-from recallq.outcomes import Stage, Taken
+from recallq.judge_models import batch_models, load_models
+from recallq.outcomes import Stage
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.store import BatchedItemStore, stores_for
+from recallq.tables import Item, Run
+from tests.fakes import RecordingQueue
 from tests.integration.faults import make_items
 from tests.services import migrated_database, write_models_file
 from tests.stub_llm import StubConfig, StubServer
@@ -123,7 +124,7 @@ class Lane:
 
 
 @pytest.fixture()
-def lane(database_url: str, provider: StubServer, tmp_path: Path, monkeypatch) -> Iterator[Lane]:  # type: ignore[no-untyped-def]
+def lane(database_url: str, provider: StubServer, tmp_path: Path, monkeypatch) -> Iterator[Lane]:
     monkeypatch.setenv("STUB_API_KEY", KEY)
     models_path = write_models_file(tmp_path, provider.base_url)
     with models_path.open("a") as handle:
@@ -172,25 +173,10 @@ MIXED = [
 ]
 
 
-class RecordedQueue:
-    def __init__(self) -> None:
-        self.items: list[int] = []
-        self.attributions: list[Taken] = []
-
-    def send_items(self, item_ids: Sequence[int]) -> None:
-        self.items += item_ids
-
-    def send_dispatch(self, run_id: str) -> None:
-        pass
-
-    def send_attribution(self, taken: Taken) -> None:
-        self.attributions.append(taken)
-
-
 def score_online(lane: Lane, run_id: str) -> None:
     """The same run's items through the online engine, in this process (real litellm calls
     to the stub)."""
-    queue = RecordedQueue()
+    queue = RecordingQueue()
     settings = lane.settings.model_copy(update={"dispatch_window": 1000})
     runtime = Runtime.local(settings, queue)
     engine: Engine = runtime.engine

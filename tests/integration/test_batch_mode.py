@@ -57,7 +57,7 @@ def redis_server() -> Iterator[RedisServer]:
 
 
 @pytest.fixture(scope="module")
-def env(database_url: str, redis_server: RedisServer, stub, tmp_path_factory) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def env(database_url: str, redis_server: RedisServer, stub, tmp_path_factory) -> dict[str, str]:
     directory: Path = tmp_path_factory.mktemp("batch-mode")
     models = write_models_file(directory, stub.base_url)
     text_ = models.read_text().replace(

@@ -4,7 +4,10 @@ it; closing puts the messages back through that transport)."""
 
 from __future__ import annotations
 
-from kombu import Connection, Exchange, Queue
+from typing import Any, cast
+
+from kombu.connection import Connection
+from kombu.entity import Exchange, Queue
 
 from recallq import patches
 from tests.services import redis_database
@@ -29,6 +32,6 @@ def test_closing_a_collected_connection_with_unacked_messages_does_not_crash() -
     assert len(delivered) == 1  # unacknowledged, as a late-acked task's message is
 
     channel = connection.default_channel
-    channel._pool = None  # the broken pool was dropped
+    cast(Any, channel)._pool = None  # the broken pool was dropped
     connection._do_close_transport()  # collect() detached the transport
     connection.close()  # was: AttributeError, which Celery treats as unrecoverable

@@ -19,7 +19,7 @@ from sqlalchemy import insert, select
 from recallq import compare as ab
 from recallq import migrate, queries
 from recallq.db import Database
-from recallq.models import Claim, Item, Run
+from recallq.tables import Claim, Item, Run
 
 SCORES = (0.0, 0.33, 0.5, 0.67, 1.0)
 TEXTS = ("Paris is in France.", "The Seine is a river.", "Lyon has old streets.", "Nice is sunny.")
@@ -157,7 +157,7 @@ def test_the_database_pairs_as_the_pure_comparison_does(
 
 def test_ties_of_the_largest_changes_go_by_key_in_code_point_order(database: Database) -> None:
     keys = ["b", "B", "é", "e", "Z", "a", "à"]
-    base_items = [
+    base_items: list[dict[str, Any]] = [
         {"key": k, "status": "succeeded", "score": 0.0, "claims": [], "metadata": None}
         for k in keys
     ]

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 from sqlalchemy import create_engine, text
+from sqlalchemy.pool import QueuePool
 
 from recallq.db import Database
 
@@ -40,7 +41,8 @@ def test_a_single_statement_is_committed_on_its_own(scratch: Database) -> None:
 def test_the_next_transaction_on_that_connection_still_rolls_back(scratch: Database) -> None:
     with scratch.single_statement() as conn:
         conn.execute(text("INSERT INTO scratch_db_test VALUES (1)"))
-    assert scratch.engine.pool.checkedin() == 1  # type: ignore[attr-defined]  (the next block reuses it)
+    pool = scratch.engine.pool
+    assert isinstance(pool, QueuePool) and pool.checkedin() == 1  # the next block reuses it
 
     with pytest.raises(RuntimeError), scratch.transaction() as conn:
         conn.execute(text("INSERT INTO scratch_db_test VALUES (2)"))

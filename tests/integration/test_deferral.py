@@ -5,69 +5,40 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
 from recallq import ingest
-from recallq.judge.base import JudgeReply, ProviderUnavailable, RateLimited, TryLater, Usage
+from recallq.errors import ProviderUnavailable, RateLimited
 from recallq.migrate import upgrade
-from recallq.models import Claim, Item
 from recallq.outcomes import Continue, Deferred, Ended
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.status import ItemStatus
+from recallq.tables import Claim, Item
+from recallq.usage import Usage
+from tests.fakes import RecordingQueue, ScriptedJudge
 
 MODEL = "incident-probe"
-
-
-class FlakyProvider:
-    """Extraction answers; attribution raises `trouble` while it is set."""
-
-    name = MODEL
-    prompt_version = "probe"
-
-    def __init__(self) -> None:
-        self.trouble: TryLater | None = None
-
-    def extract_claims(self, ground_truth: str, run_id: str, repair: object = None) -> JudgeReply:
-        usage = Usage(llm_calls=1, prompt_tokens=10, call_attempts=1)
-        return JudgeReply({"claims": [ground_truth]}, usage)
-
-    def attribute(
-        self, claims: list[str], contexts: list[str], run_id: str, repair: object = None
-    ) -> JudgeReply:
-        if self.trouble is not None:
-            raise self.trouble
-        verdicts = [
-            {"claim_index": i, "verdict": "yes", "context_indices": [0], "reason": "r"}
-            for i in range(len(claims))
-        ]
-        return JudgeReply({"verdicts": verdicts}, Usage(llm_calls=1, call_attempts=1))
-
-
-class Nowhere:
-    def send_items(self, item_ids: Sequence[int]) -> None:
-        pass
-
-    def send_dispatch(self, run_id: str) -> None:
-        pass
 
 
 @pytest.fixture()
 def runtime(tmp_path: Path) -> Iterator[Runtime]:
     url = f"sqlite:///{tmp_path / 'deferral.db'}"
     upgrade(url)
-    made = Runtime.local(Settings(database_url=url), Nowhere(), judges={MODEL: FlakyProvider()})
+    judge = ScriptedJudge(MODEL, usage=Usage(llm_calls=1, call_attempts=1))
+    made = Runtime.local(Settings(database_url=url), RecordingQueue(), judges={MODEL: judge})
     yield made
     made.close()
 
 
-def _provider(runtime: Runtime) -> FlakyProvider:
+def _provider(runtime: Runtime) -> ScriptedJudge:
+    """The provider: extraction answers; attribution raises `trouble` while it is set."""
     judge = runtime.judges.get(MODEL)
-    assert isinstance(judge, FlakyProvider)
+    assert isinstance(judge, ScriptedJudge)
     return judge
 
 

@@ -77,7 +77,7 @@ def workers(fault_env: dict[str, str]) -> Iterator[list]:
         worker.stop()
 
 
-def test_429s_and_500s_are_retried_within_the_bound(api, workers, fault_env, clean_stub) -> None:  # type: ignore[no-untyped-def]
+def test_429s_and_500s_are_retried_within_the_bound(api, workers, fault_env, clean_stub) -> None:
     clean_stub.configure(rate_429=0.2, rate_500=0.1, retry_after_s="1", seed=11)
     workers.append(start_worker(fault_env, concurrency=16))
     run_id = submit(api, make_items("r", 30))
@@ -98,7 +98,7 @@ def test_429s_and_500s_are_retried_within_the_bound(api, workers, fault_env, cle
         by_request[key] = call
 
 
-def test_two_workers_share_one_rate_limit(api, workers, fault_env, clean_stub, tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_two_workers_share_one_rate_limit(api, workers, fault_env, clean_stub, tmp_path) -> None:
     limit = 300
     env = {
         **fault_env,
@@ -118,7 +118,7 @@ def test_two_workers_share_one_rate_limit(api, workers, fault_env, clean_stub, t
     assert 0.9 * limit <= rate_per_minute <= 1.02 * limit, rate_per_minute
 
 
-def test_sigkilled_workers_lose_and_duplicate_nothing(api, workers, fault_env, clean_stub) -> None:  # type: ignore[no-untyped-def]
+def test_sigkilled_workers_lose_and_duplicate_nothing(api, workers, fault_env, clean_stub) -> None:
     clean_stub.configure(latency_ms=150)
     run_id = submit(api, make_items("k", 60))
     for round_ in range(2):
@@ -136,7 +136,7 @@ def test_sigkilled_workers_lose_and_duplicate_nothing(api, workers, fault_env, c
     )
 
 
-def test_redis_restart_mid_run(api, workers, fault_env, clean_stub) -> None:  # type: ignore[no-untyped-def]
+def test_redis_restart_mid_run(api, workers, fault_env, clean_stub) -> None:
     clean_stub.configure(latency_ms=100)
     workers.append(start_worker(fault_env, concurrency=8))
     run_id = submit(api, make_items("x", 60))
@@ -147,7 +147,7 @@ def test_redis_restart_mid_run(api, workers, fault_env, clean_stub) -> None:  # 
     assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run, answered, crashed=True)
 
 
-def test_postgres_restart_mid_run(api, workers, fault_env, clean_stub, postgres) -> None:  # type: ignore[no-untyped-def]
+def test_postgres_restart_mid_run(api, workers, fault_env, clean_stub, postgres) -> None:
     clean_stub.configure(latency_ms=100)
     workers.append(start_worker(fault_env, concurrency=8))
     run_id = submit(api, make_items("p", 60))
@@ -166,7 +166,7 @@ def _api_answers(api: str, run_id: str) -> bool:
         return False
 
 
-def test_cancel_stops_every_call(api, workers, fault_env, clean_stub) -> None:  # type: ignore[no-untyped-def]
+def test_cancel_stops_every_call(api, workers, fault_env, clean_stub) -> None:
     clean_stub.configure(latency_ms=300)
     workers.append(start_worker(fault_env, concurrency=8))
     run_id = submit(api, make_items("c", 80))
@@ -185,7 +185,7 @@ def test_cancel_stops_every_call(api, workers, fault_env, clean_stub) -> None:  
     assert httpx.get(f"{api}/v1/runs/{run_id}").json()["counts"] == run["counts"]
 
 
-def test_broken_judge_output_fails_only_marked_items(api, workers, fault_env, clean_stub) -> None:  # type: ignore[no-untyped-def]
+def test_broken_judge_output_fails_only_marked_items(api, workers, fault_env, clean_stub) -> None:
     workers.append(start_worker(fault_env, concurrency=8))
     marked = {3: "STUB_BROKEN_JSON", 7: "STUB_TRUNCATE", 11: "STUB_WRONG_SHAPE"}
     run_id = submit(api, make_items("b", 20, marked))

@@ -24,7 +24,7 @@ INJECTED = "Mount Everest stands in Brazil"
 
 
 @pytest.fixture(scope="module")
-def env(service_env: dict[str, str], stub, tmp_path_factory) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def env(service_env: dict[str, str], stub, tmp_path_factory) -> dict[str, str]:
     directory: Path = tmp_path_factory.mktemp("hostile")
     models = write_models_file(directory, stub.base_url)
     return {**service_env, "RECALLQ_MODELS_FILE": str(models), "RECALLQ_EXTRACTION_PACK": "8"}
@@ -40,7 +40,7 @@ def api(env: dict[str, str]) -> Iterator[str]:
 
 
 @pytest.fixture()
-def hostile(clean_stub):  # type: ignore[no-untyped-def]
+def hostile(clean_stub):
     """The shared stub, back to an honest judge afterwards whatever the test did."""
     yield clean_stub
     clean_stub.configure(follow_injections=None, echo_authorization=False)
@@ -78,7 +78,7 @@ def _injector(tag: str) -> dict[str, Any]:
 @pytest.mark.parametrize("style", ["prepend", "replace"])
 def test_an_injected_instruction_changes_no_other_item_of_its_pack_nor_the_cache(
     api: str, hostile, database: Any, style: str
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     tag = f"inj{style[0]}"
     victims = make_items(tag, 7)
     hostile.configure(follow_injections=style)
@@ -115,7 +115,7 @@ def test_an_injected_instruction_changes_no_other_item_of_its_pack_nor_the_cache
 
 def test_a_huge_answer_fails_its_item_with_the_limit_and_stores_nothing_oversized(
     api: str, hostile, database: Any
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     items = make_items("hg", 6, {1: "STUB_HUGE_CLAIMS", 4: "STUB_HUGE_REASON"})
     run = wait_for_run(api, submit(api, items))
     assert run["counts"]["succeeded"] == 4 and run["counts"]["failed"] == 2
@@ -145,7 +145,7 @@ def test_a_huge_answer_fails_its_item_with_the_limit_and_stores_nothing_oversize
 
 def test_a_key_echoed_into_answers_is_shown_and_stored_nowhere(
     api: str, hostile, database: Any
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     hostile.configure(echo_authorization=True)
     items = make_items("ek", 4)
     run = wait_for_run(api, submit(api, items))

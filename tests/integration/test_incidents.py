@@ -42,7 +42,7 @@ def pg_database() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def incident_env(service_env: dict[str, str], stub, tmp_path_factory) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def incident_env(service_env: dict[str, str], stub, tmp_path_factory) -> dict[str, str]:
     directory: Path = tmp_path_factory.mktemp("incidents")
     models = write_models_file(directory, stub.base_url)
     with models.open("a") as handle:  # a second model whose key the provider rejects
@@ -85,7 +85,7 @@ def workers(incident_env: dict[str, str]) -> Iterator[list[Process]]:
 
 
 @pytest.fixture()
-def provider(clean_stub):  # type: ignore[no-untyped-def]
+def provider(clean_stub):
     yield clean_stub
     clean_stub.configure(outage_s=0, reject_keys=[])
 
@@ -94,13 +94,13 @@ def _run(api: str, run_id: str) -> dict[str, Any]:
     return httpx.get(f"{api}/v1/runs/{run_id}", timeout=30).json()
 
 
-def _outage_calls(stub, tag: str) -> list[dict[str, Any]]:  # type: ignore[no-untyped-def]
+def _outage_calls(stub, tag: str) -> list[dict[str, Any]]:
     return [c for c in calls_for_tag(stub, tag) if c["fault"] == "outage"]
 
 
 def test_a_90_s_outage_mid_run_fails_nothing_and_sends_only_probes(
     api: str, workers: list[Process], provider, incident_env: dict[str, str]
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     provider.configure(latency_ms=400)
     run_id = submit(api, make_items("o", 300))
     wait_until(lambda: progress(api, run_id) >= 60, timeout=120)
@@ -128,7 +128,7 @@ def test_a_90_s_outage_mid_run_fails_nothing_and_sends_only_probes(
     assert all(1 <= r["llm_calls"] <= 2 for r in rows)  # its attribution, a share of packs
 
 
-def test_a_429_and_500_storm_fails_nothing(api: str, workers: list[Process], provider) -> None:  # type: ignore[no-untyped-def]
+def test_a_429_and_500_storm_fails_nothing(api: str, workers: list[Process], provider) -> None:
     provider.configure(rate_429=0.2, rate_500=0.1, retry_after_s="1", seed=5, latency_ms=20)
     run_id = submit(api, make_items("s", 500))
     run = wait_for_run(api, run_id, timeout=600)
@@ -141,7 +141,7 @@ def test_a_429_and_500_storm_fails_nothing(api: str, workers: list[Process], pro
 
 def test_retry_after_sets_how_long_the_breaker_waits(
     api: str, workers: list[Process], provider
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     provider.configure(latency_ms=100)
     provider.outage(45, status=429, retry_after="20")
     run_id = submit(api, make_items("r", 20))
@@ -160,7 +160,7 @@ def test_retry_after_sets_how_long_the_breaker_waits(
     assert run["counts"]["succeeded"] == 20
 
 
-def test_a_rejected_key_fails_its_items_at_once(api: str, workers: list[Process], provider) -> None:  # type: ignore[no-untyped-def]
+def test_a_rejected_key_fails_its_items_at_once(api: str, workers: list[Process], provider) -> None:
     provider.configure(reject_keys=["sk-locked-0000"])
     started = time.monotonic()
     run_id = submit(api, make_items("k", 10), model="locked-judge")
@@ -175,7 +175,7 @@ def test_a_rejected_key_fails_its_items_at_once(api: str, workers: list[Process]
 
 def test_a_short_retry_deadline_fails_items_and_retry_scores_them(
     api: str, workers: list[Process], provider
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     provider.outage(20)
     run_id = submit(api, make_items("d", 10), retry_deadline_s=3)
     run = wait_for_run(api, run_id, timeout=60)
@@ -193,7 +193,7 @@ def test_a_short_retry_deadline_fails_items_and_retry_scores_them(
 
 def test_cancel_during_an_outage_returns_at_once_and_stops_every_call(
     api: str, workers: list[Process], provider
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     provider.configure(latency_ms=100)
     run_id = submit(api, make_items("c", 100))
     wait_until(lambda: progress(api, run_id) >= 5, timeout=60)

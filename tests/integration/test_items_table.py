@@ -15,7 +15,7 @@ from sqlalchemy import select
 
 from recallq import queries
 from recallq.db import Database
-from recallq.models import Run
+from recallq.tables import Run
 from tests.services import REPO
 
 FACTS = ["Paris is in France.", "The Seine is a river.", "Lyon has old streets."]

@@ -6,6 +6,9 @@ never kept; a run's kept views go with it; a view that cannot be kept is still r
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import hashlib
+import json
 import uuid
 from collections.abc import Iterator
 from datetime import timedelta
@@ -13,12 +16,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import func, insert, select, text, update
+from sqlalchemy import delete, func, insert, select, text, update
 
-from recallq import migrate, queries
+from recallq import kept, migrate, queries
 from recallq.db import Database
-from recallq.models import Claim, Item, KeptView, Run, utcnow
 from recallq.store import ItemStore, RunStore
+from recallq.tables import Claim, Item, KeptView, Run, as_utc, utcnow
+from recallq.usage import Usage
 from tests.services import migrated_database
 
 PROJECT = "default"
@@ -103,8 +107,9 @@ def _tamper(database: Database) -> None:
     """Mark every kept run view, so that a view read back from the table shows it."""
     with database.session() as session:
         for view in session.scalars(select(KeptView)):
-            if isinstance(view.body, dict) and "row" in view.body:
-                view.body = {**view.body, "failures": [{"error": "kept", "count": 0}]}
+            if view.body["shape"] == queries.RUN_VIEW_SHAPE:
+                body = {**view.body["body"], "failures": [{"error": "kept", "count": 0}]}
+                view.body = {**view.body, "body": body}
 
 
 def test_a_completed_runs_views_are_kept_and_read_back(database: Database) -> None:
@@ -207,7 +212,7 @@ def test_a_comparison_kept_equals_a_fresh_one(database: Database) -> None:
     assert _kept(database) == 1
     assert compare() == first
     with database.session() as session:
-        session.execute(KeptView.__table__.delete())
+        session.execute(delete(KeptView))
     assert compare() == first
     assert first["matched"] == 3 and len(first["pairs"]) == 3 and first["largest_changes"]
 
@@ -239,3 +244,73 @@ def test_the_process_that_completes_a_run_keeps_its_view(database: Database) -> 
     assert _kept(database, run_id) == 1  # nobody has read it yet
     _tamper(database)
     assert _views(database, run_id)[0]["failures"] == [{"error": "kept", "count": 0}]
+
+
+def _keep_raw(database: Database, run_id: str, key: str, body: Any) -> None:
+    with database.session() as session:
+        session.execute(
+            insert(KeptView).values(key=key, run_id=run_id, body=body, created_at=utcnow())
+        )
+
+
+def _run_key(database: Database, run_id: str) -> str | None:
+    with database.session() as session:
+        run = session.get(Run, run_id)
+        assert run is not None
+        return kept.key(queries._RUN_VIEW, [run], details=True)
+
+
+def test_a_view_kept_in_another_shape_is_computed_again_never_misread(
+    database: Database,
+) -> None:
+    """Views kept by another version of recallq: one of 0009's positional rows, under its key
+    (as if a status had been added since: every field shifted by one), one under today's key
+    in an older shape, and one in today's shape that lacks a field. Each read computes the
+    view again (the same as a fresh one) and keeps it in today's shape."""
+    run_id = _store(database, "completed", [1.0, 0.5, None, 0.0])
+    expected = _views(database, run_id)
+    key = _run_key(database, run_id)
+    assert key is not None
+    with database.session() as session:
+        today = session.get(KeptView, key)
+        assert today is not None and today.body["shape"] == queries.RUN_VIEW_SHAPE
+        misread = {**today.body["body"], "scored": 1}  # what a misreading would show
+        session.execute(delete(KeptView))
+        run = session.get(Run, run_id)
+        assert run is not None and run.finished_at is not None
+        ended = [[run_id, as_utc(run.finished_at).isoformat()]]
+    old_key = hashlib.sha256(json.dumps(["run", ended, {"details": True}]).encode()).hexdigest()
+    shifted = [0, 3, 1, 0, 1, 0, 0, 0, 0.5, 3, 0.42, 0, 4, 3] + [0] * 17  # scored 3 read as 1...
+    _keep_raw(database, run_id, old_key, {"row": shifted, "failures": []})
+    assert key != old_key
+
+    current = expected[0]
+    for stored in (
+        {"shape": "run/an-older-one", "body": misread},  # readable, but of another shape
+        {"row": shifted, "failures": []},  # 0009's body under today's key
+        {"shape": queries.RUN_VIEW_SHAPE, "body": {"counts": {}, "scored": 1}},
+    ):
+        with database.session() as session:
+            session.execute(delete(KeptView).where(KeptView.key == key))
+        _keep_raw(database, run_id, key, stored)
+        view = _views(database, run_id)[0]
+        assert view == current, stored
+        assert view["summary"]["scored_items"] == 3 and view["counts"]["failed"] == 1
+        with database.session() as session:  # kept anew, in today's shape
+            kept_now = session.get(KeptView, key)
+            assert kept_now is not None and kept_now.body["shape"] == queries.RUN_VIEW_SHAPE
+        with database.session() as session:  # the list reads it the same way
+            listed, _ = queries.list_runs(session, PROJECT)
+        assert listed == [current]
+
+
+def test_a_new_aggregate_column_or_status_is_a_new_shape() -> None:
+    """The run view's shape is its columns' and fields' names: adding one changes it, so a view
+    kept before is not read as the new shape."""
+    columns = [str(c.key) for c in queries._aggregate_columns(1.0, details=True)]
+    assert "count_failed" in columns and "deferrals" in columns
+    fields = [f.name for f in dataclasses.fields(queries.RunAggregates)]
+    usage = [f.name for f in dataclasses.fields(Usage)]
+    assert kept.shape("run", columns, fields, usage) == queries.RUN_VIEW_SHAPE
+    assert kept.shape("run", [*columns, "count_paused"], fields, usage) != queries.RUN_VIEW_SHAPE
+    assert kept.shape("run", columns, [*fields, "median"], usage) != queries.RUN_VIEW_SHAPE

@@ -143,7 +143,8 @@ def test_roles_projects_and_bad_input(api: str, keys: dict[str, str], run: str) 
     other_reads = httpx.get(f"{api}/v1/runs/{run}/agreement", headers=bearer(keys["other"]))
     assert error_of(other_reads) == (404, "not_found")
     write = bearer(keys["write"])
-    for body in ({"verdict": "maybe"}, {"verdict": "yes", "note": "x" * 2001}, {"v": 1}, []):
+    bodies: list[Any] = [{"verdict": "maybe"}, {"verdict": "yes", "note": "x" * 2001}, {"v": 1}, []]
+    for body in bodies:
         assert error_of(httpx.put(url, json=body, headers=write)) == (422, "invalid_request")
     missing_claim = httpx.put(_label_url(api, run, "doc/0", 99), json=good, headers=write)
     assert error_of(missing_claim) == (404, "not_found")
@@ -293,7 +294,7 @@ def test_the_same_judge_twice_agrees_with_itself(api: str, keys: dict[str, str],
 
 def test_the_cli_labels_through_the_api(
     api: str, env: dict[str, str], keys: dict[str, str], tmp_path
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     run = _scored_run(api, keys["write"], n=6)
     cli = {**env, "RECALLQ_API_URL": api, "RECALLQ_API_KEY": keys["write"]}
     sheet = tmp_path / "to_label.csv"

@@ -16,14 +16,15 @@ from recallq import pipeline
 from recallq.coordination.breaker import LocalCircuitBreaker
 from recallq.coordination.gate import OpenGate
 from recallq.coordination.ratelimit import Unlimited
+from recallq.errors import MalformedAnswer
 from recallq.judge import protocol
-from recallq.judge.base import MalformedAnswer, Repair
+from recallq.judge.base import Repair
 from recallq.judge.llm import LLMJudge
-from recallq.model_registry import ModelConfig
+from recallq.judge_models import ModelConfig
 from recallq.retry import RetryPolicy
 
 
-def _judge(stub, model: str) -> LLMJudge:  # type: ignore[no-untyped-def]
+def _judge(stub, model: str) -> LLMJudge:
     params = {"model": model, "api_base": stub.base_url, "api_key": "sk-test"}
     config = ModelConfig("judge", params)
     return LLMJudge(config, RetryPolicy(), Unlimited(), OpenGate(), LocalCircuitBreaker(), 30)
@@ -42,7 +43,7 @@ def _count_pricing(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return priced
 
 
-def test_a_priced_model_reports_its_cost(clean_stub, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_a_priced_model_reports_its_cost(clean_stub, monkeypatch) -> None:
     priced = _count_pricing(monkeypatch)
     reply = _judge(clean_stub, "openai/gpt-4o-mini").extract_claims("Ada was born in 1815.", "r")
     assert reply.data["claims"]
@@ -51,7 +52,7 @@ def test_a_priced_model_reports_its_cost(clean_stub, monkeypatch) -> None:  # ty
     assert priced
 
 
-def test_an_unpriced_model_is_not_priced(clean_stub, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_an_unpriced_model_is_not_priced(clean_stub, monkeypatch) -> None:
     judge = _judge(clean_stub, "openai/stub-judge")
     priced = _count_pricing(monkeypatch)
     assert judge.extract_claims("Ada was born in 1815.", "r").usage.llm_calls == 1
@@ -60,7 +61,7 @@ def test_an_unpriced_model_is_not_priced(clean_stub, monkeypatch) -> None:  # ty
 
 def test_an_unpriced_model_costs_nothing_and_logs_nothing(
     clean_stub, caplog: pytest.LogCaptureFixture
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     judge = _judge(clean_stub, "openai/stub-judge")
     with caplog.at_level(logging.DEBUG):
         logging.getLogger().setLevel(logging.INFO)  # as a Celery worker runs
@@ -88,7 +89,7 @@ def _in_a_worker_thread(call: Callable[[], object]) -> None:
     def run() -> None:
         try:
             call()
-        except BaseException as exc:  # noqa: BLE001  (re-raised in the test's thread)
+        except BaseException as exc:  # re-raised in the test's thread
             errors.append(exc)
 
     thread = threading.Thread(target=run)
@@ -100,7 +101,7 @@ def _in_a_worker_thread(call: Callable[[], object]) -> None:
 
 def test_calls_from_a_worker_thread_build_no_event_loop(
     clean_stub, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     judge = _judge(clean_stub, "openai/stub-judge")
     made = _count_event_loops(monkeypatch)
     _in_a_worker_thread(
@@ -112,7 +113,7 @@ def test_calls_from_a_worker_thread_build_no_event_loop(
 
 def test_a_registered_service_callback_still_gets_its_events(
     clean_stub, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     judge = _judge(clean_stub, "openai/stub-judge")
     monkeypatch.setattr(litellm, "service_callback", ["a-listener"])
     made = _count_event_loops(monkeypatch)
@@ -122,10 +123,10 @@ def test_a_registered_service_callback_still_gets_its_events(
 
 def test_a_key_missing_from_a_workers_environment_fails_items_at_once(
     clean_stub, tmp_path, monkeypatch: pytest.MonkeyPatch
-) -> None:  # type: ignore[no-untyped-def]
-    from recallq.judge.base import PermanentJudgeError
-    from recallq.judge.registry import JudgeRegistry
-    from recallq.model_registry import load_models
+) -> None:
+    from recallq.errors import PermanentJudgeError
+    from recallq.judge.by_model import JudgeRegistry
+    from recallq.judge_models import load_models
     from tests.services import write_models_file
 
     models = load_models(write_models_file(tmp_path, clean_stub.base_url))
@@ -141,7 +142,7 @@ def test_a_key_missing_from_a_workers_environment_fails_items_at_once(
     assert registry.get("stub-judge").name == "stub-judge"
 
 
-def test_prices_from_the_models_file_are_billed_and_noticed(clean_stub) -> None:  # type: ignore[no-untyped-def]
+def test_prices_from_the_models_file_are_billed_and_noticed(clean_stub) -> None:
     """litellm bills with litellm_params' per-token prices; the judge must not mark such a
     model unpriced (its budget would never be reached)."""
     params = {
@@ -164,7 +165,7 @@ def test_prices_from_the_models_file_are_billed_and_noticed(clean_stub) -> None:
     assert usage.cost_usd == pytest.approx(expected)
 
 
-def test_a_malformed_answer_is_one_call_and_its_repair_is_the_callers(clean_stub) -> None:  # type: ignore[no-untyped-def]
+def test_a_malformed_answer_is_one_call_and_its_repair_is_the_callers(clean_stub) -> None:
     """The judge makes one call and says the answer is malformed (billed); the repair request
     goes only when its caller (the pipeline) asks for it, as the conversation with that answer."""
     ground_truth = "Ada was born in 1815. STUB_BROKEN_JSON"

@@ -16,7 +16,7 @@ from tests.services import Process, start_api, start_worker, wait_for_run, write
 
 
 @pytest.fixture(scope="module")
-def packing_env(service_env: dict[str, str], stub, tmp_path_factory) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def packing_env(service_env: dict[str, str], stub, tmp_path_factory) -> dict[str, str]:
     directory: Path = tmp_path_factory.mktemp("packing")
     models = write_models_file(directory, stub.base_url)
     with models.open("a") as handle:  # the same provider, one ground truth per call
@@ -49,7 +49,7 @@ def _verdicts(item: dict[str, Any]) -> list[tuple[str, str]]:
     return [(c["text"], c["verdict"]) for c in item["claims"]]
 
 
-def test_packed_and_single_extraction_give_the_same_claims_and_scores(api, clean_stub) -> None:  # type: ignore[no-untyped-def]
+def test_packed_and_single_extraction_give_the_same_claims_and_scores(api, clean_stub) -> None:
     packed = wait_for_run(api, submit(api, make_items("pa", 40)))
     single = wait_for_run(api, submit(api, make_items("pb", 40), model="stub-single"))
     assert packed["counts"]["succeeded"] == single["counts"]["succeeded"] == 40
@@ -62,7 +62,7 @@ def test_packed_and_single_extraction_give_the_same_claims_and_scores(api, clean
     assert kinds == Counter({"claim_extraction": 40, "claim_attribution": 40})
 
 
-def test_a_first_run_makes_at_most_1_15_calls_per_item_and_a_rerun_1(api, clean_stub) -> None:  # type: ignore[no-untyped-def]
+def test_a_first_run_makes_at_most_1_15_calls_per_item_and_a_rerun_1(api, clean_stub) -> None:
     items = make_items("c", 200)
     first = wait_for_run(api, submit(api, items))
     answered = [c for c in calls_for_tag(clean_stub, "c") if c["status"] == 200]
@@ -94,7 +94,7 @@ def test_a_first_run_makes_at_most_1_15_calls_per_item_and_a_rerun_1(api, clean_
 )
 def test_items_a_packed_answer_misses_fall_back_alone_and_all_score(
     api, clean_stub, marks: dict[int, str], falls_back: int
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     tag = "d" if falls_back == 2 else "m"
     run = wait_for_run(api, submit(api, make_items(tag, 8, marks)))
     assert run["counts"]["succeeded"] == 8 and run["counts"]["failed"] == 0
@@ -106,7 +106,7 @@ def test_items_a_packed_answer_misses_fall_back_alone_and_all_score(
     assert all(item["claims_total"] >= 2 for item in items.values())
 
 
-def test_usage_by_stage_is_exactly_what_each_stages_calls_used(api, clean_stub) -> None:  # type: ignore[no-untyped-def]
+def test_usage_by_stage_is_exactly_what_each_stages_calls_used(api, clean_stub) -> None:
     """Packed, single (a packed answer's fallback), repaired and attribution calls: each
     stage's usage is what the stub counted for its calls, and the totals still add up."""
     marks = {

@@ -142,7 +142,7 @@ def test_another_projects_run_is_the_same_404_page_as_an_unknown_run(
 ) -> None:
     theirs = _run(api, keys["other"])
     with _signed_in(api, seen, keys["write"]) as client:
-        pages = {}
+        pages: dict[str, set[str]] = {}
         for run_id in (theirs, "no-such-run"):
             for suffix in ("", "/items", "/items/q0"):
                 response = client.get(f"/runs/{run_id}{suffix}")

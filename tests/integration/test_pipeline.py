@@ -6,13 +6,14 @@ from __future__ import annotations
 import json
 from collections import Counter
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
 
 from tests.services import Process, start_api, start_worker, wait_for_run
 
-ITEMS = [
+ITEMS: list[dict[str, Any]] = [
     {
         "id": "full",
         "input": "When was Einstein born and what did he win?",
@@ -43,7 +44,7 @@ def services(service_env: dict[str, str]) -> Iterator[tuple[str, Process]]:
     worker.stop()
 
 
-def _calls_for(stub, texts: list[str]) -> list[dict]:  # type: ignore[no-untyped-def]
+def _calls_for(stub, texts: list[str]) -> list[dict]:
     """The stub's answered calls about these ground truths or contexts (the session's
     database may hold other tests' runs, which workers score too)."""
 
@@ -54,11 +55,11 @@ def _calls_for(stub, texts: list[str]) -> list[dict]:  # type: ignore[no-untyped
     return [c for c in stub.calls() if c["status"] == 200 and c["data"] and mentions(c)]
 
 
-def _calls_by_kind(stub, texts: list[str]) -> Counter:  # type: ignore[no-untyped-def]
+def _calls_by_kind(stub, texts: list[str]) -> Counter:
     return Counter(call["schema"] for call in _calls_for(stub, texts))
 
 
-def test_run_through_api_and_worker(services, clean_stub) -> None:  # type: ignore[no-untyped-def]
+def test_run_through_api_and_worker(services, clean_stub) -> None:
     url, _ = services
     body = {
         "name": "smoke",
@@ -127,15 +128,16 @@ def test_run_through_api_and_worker(services, clean_stub) -> None:  # type: igno
         "claims_total": 2 + 3 + 0 + 1 + 1,
         "claims_attributed": 2 + 2 + 0 + 0 + 1,
         "no_ground_truth": 1,  # scored 0 without a call, and counted apart
+        "no_context": 1,  # likewise: its context is empty
         "histogram": {"edges": [0.0, 0.2, 0.4, 0.6, 0.8, 1.0], "counts": [2, 0, 0, 1, 2]},
     }
     assert run["failures"] == []
 
 
-def test_protocol_v1_on_the_wire(services, clean_stub) -> None:  # type: ignore[no-untyped-def]
+def test_protocol_v1_on_the_wire(services, clean_stub) -> None:
     """One item alone: its extraction goes as the single-item form."""
     url, _ = services
-    item = {
+    item: dict[str, Any] = {
         "id": "wire",
         "ground_truth": "Curie was born in Warsaw. Curie won two Nobel Prizes.",
         "context": ["Curie was born in Warsaw in 1867.", "Curie won two Nobel Prizes."],
@@ -165,7 +167,7 @@ def test_protocol_v1_on_the_wire(services, clean_stub) -> None:  # type: ignore[
     }
 
 
-def test_agent_shaped_items_use_the_context_extractor(services, clean_stub) -> None:  # type: ignore[no-untyped-def]
+def test_agent_shaped_items_use_the_context_extractor(services, clean_stub) -> None:
     url, _ = services
     message = {
         "id": "m1",

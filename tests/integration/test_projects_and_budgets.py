@@ -23,10 +23,10 @@ from sqlalchemy import func, select, update
 
 from recallq import ingest, local
 from recallq.coordination.gate import OpenGate, RedisCallGate, RunCancelled
-from recallq.engine import WorkQueue
-from recallq.models import Claim, Item, Run, utcnow
 from recallq.runtime import Runtime
 from recallq.settings import Settings
+from recallq.tables import Claim, Item, Run, utcnow
+from tests.fakes import RecordingQueue
 from tests.services import redis_database
 
 
@@ -59,7 +59,7 @@ def test_the_claim_cache_belongs_to_its_project(tmp_path: Path) -> None:
 
 
 def test_items_use_the_run_static_context_without_a_copy(tmp_path: Path) -> None:
-    items = [
+    items: list[dict[str, Any]] = [
         {"id": "static", "ground_truth": "Tea contains caffeine."},
         {"id": "own", "ground_truth": "Tea contains caffeine.", "context": ["Water is wet."]},
     ]
@@ -71,18 +71,10 @@ def test_items_use_the_run_static_context_without_a_copy(tmp_path: Path) -> None
     assert done["summary"]["claims_attributed"] == 1  # the static one, judged against the run's
 
 
-class _NoQueue(WorkQueue):
-    def send_items(self, item_ids: Any) -> None:
-        pass
-
-    def send_dispatch(self, run_id: str) -> None:
-        pass
-
-
 @pytest.fixture()
 def distributed(pg_database: str) -> Iterator[Runtime]:
     settings = Settings(database_url=pg_database, redis_url=redis_database(13))
-    runtime = Runtime.distributed(settings, _NoQueue())
+    runtime = Runtime.distributed(settings, RecordingQueue())
     yield runtime
     runtime.close()
 

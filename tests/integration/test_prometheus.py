@@ -122,7 +122,7 @@ class Prometheus:
 
 
 @pytest.fixture(scope="module")
-def service(env: dict[str, str], tmp_path_factory) -> Iterator[dict[str, Any]]:  # type: ignore[no-untyped-def]
+def service(env: dict[str, str], tmp_path_factory) -> Iterator[dict[str, Any]]:
     api_process, api_url = start_api(env)
     ports = [free_port(), free_port()]
     workers = []
@@ -147,7 +147,7 @@ def _targets_up(prometheus: Prometheus) -> bool:
     return len(targets) == 3 and all(t["health"] == "up" for t in targets)
 
 
-def test_prometheus_sees_the_run_the_incident_and_the_spend(service, clean_stub) -> None:  # type: ignore[no-untyped-def]
+def test_prometheus_sees_the_run_the_incident_and_the_spend(service, clean_stub) -> None:
     api, prometheus = service["api"], service["prometheus"]
     wait_until(lambda: _targets_up(prometheus), timeout=30, interval=0.5)
     clean_stub.configure(rate_429=0.05, retry_after_s="1", seed=22, latency_ms=30)
@@ -224,7 +224,7 @@ def test_prometheus_sees_the_run_the_incident_and_the_spend(service, clean_stub)
     assert (prometheus.scalar(polls) or 0) > 0
 
 
-def test_no_series_carries_an_id(service, clean_stub) -> None:  # type: ignore[no-untyped-def]
+def test_no_series_carries_an_id(service, clean_stub) -> None:
     api, prometheus = service["api"], service["prometheus"]
     run_id = submit(api, make_items("card", 5))
     wait_for_run(api, run_id, timeout=120)
@@ -246,7 +246,7 @@ def test_no_series_carries_an_id(service, clean_stub) -> None:  # type: ignore[n
     assert len(series) < 400  # bounded: a handful of models, stages, outcomes and routes
 
 
-def test_the_compose_worker_healthcheck_reads_a_live_worker(service) -> None:  # type: ignore[no-untyped-def]
+def test_the_compose_worker_healthcheck_reads_a_live_worker(service) -> None:
     """docker-compose.yml's worker healthcheck, run as written against a real worker."""
     compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
     command = compose["services"]["worker"]["healthcheck"]["test"]

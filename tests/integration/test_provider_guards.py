@@ -50,7 +50,7 @@ def _models_file(directory: Path, base_url: str) -> Path:
 
 
 @pytest.fixture(scope="module")
-def env(service_env: dict[str, str], stub, tmp_path_factory) -> dict[str, str]:  # type: ignore[no-untyped-def]
+def env(service_env: dict[str, str], stub, tmp_path_factory) -> dict[str, str]:
     models = _models_file(tmp_path_factory.mktemp("guards"), stub.base_url)
     return secured_env(
         {**service_env, "STUB_API_KEY": SECRET, "RECALLQ_MODELS_FILE": str(models)},
@@ -105,7 +105,7 @@ def _items(n: int, tag: str) -> list[dict[str, Any]]:
     ]
 
 
-def test_the_estimate_matches_the_actual_cost_within_ten_percent(served) -> None:  # type: ignore[no-untyped-def]
+def test_the_estimate_matches_the_actual_cost_within_ten_percent(served) -> None:
     url, key, _, _ = served
     body = {"model": "stub-priced", "items": _items(20, uuid.uuid4().hex[:8])}
     estimate = submit(url, key, body, params={"dry_run": "true"})
@@ -138,7 +138,7 @@ def _per_call_cost(url: str, key: str) -> float:
     return 2 * done["usage"]["cost_usd"] / done["usage"]["llm_calls"]
 
 
-def test_a_run_stops_within_one_window_past_its_budget(served) -> None:  # type: ignore[no-untyped-def]
+def test_a_run_stops_within_one_window_past_its_budget(served) -> None:
     url, key, _, _ = served
     call_cost = _per_call_cost(url, key)
     budget = 20 * call_cost / 2  # about 10 items' worth of a 60-item run
@@ -162,7 +162,7 @@ def test_a_run_stops_within_one_window_past_its_budget(served) -> None:  # type:
     assert retried.status_code == 409
 
 
-def test_a_token_budget_holds_for_an_unpriced_model(served) -> None:  # type: ignore[no-untyped-def]
+def test_a_token_budget_holds_for_an_unpriced_model(served) -> None:
     url, key, _, _ = served
     body = {"model": "stub-judge", "budget_tokens": 3000, "items": _items(60, uuid.uuid4().hex[:8])}
     done = _wait(url, key, submit(url, key, body).json()["id"])
@@ -175,7 +175,7 @@ def test_a_token_budget_holds_for_an_unpriced_model(served) -> None:  # type: ig
     assert 3000 <= tokens <= 3000 + CONCURRENCY * 2 * per_call
 
 
-def test_a_user_cancel_says_so(served) -> None:  # type: ignore[no-untyped-def]
+def test_a_user_cancel_says_so(served) -> None:
     url, key, _, _ = served
     created = submit(url, key, {"model": "stub-judge", "items": _items(200, uuid.uuid4().hex[:8])})
     cancelled = httpx.post(f"{url}/v1/runs/{created.json()['id']}/cancel", headers=bearer(key))
@@ -183,7 +183,7 @@ def test_a_user_cancel_says_so(served) -> None:  # type: ignore[no-untyped-def]
     assert cancelled.json()["cancel_reason"] == "user"
 
 
-def test_a_provider_echoing_the_key_leaks_it_nowhere(served, stub, env: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+def test_a_provider_echoing_the_key_leaks_it_nowhere(served, stub, env: dict[str, str]) -> None:
     url, key, api, worker = served
     stub.configure(reject_keys=[SECRET])
     try:
@@ -209,7 +209,7 @@ def test_a_provider_echoing_the_key_leaks_it_nowhere(served, stub, env: dict[str
     database = env["RECALLQ_DATABASE_URL"].replace("postgresql+psycopg://", "postgresql://")
     with psycopg.connect(database) as conn:
         for table in ("runs", "items", "claims", "claim_cache"):
-            rows = conn.execute(f"SELECT t::text FROM {table} t").fetchall()  # noqa: S608
+            rows = conn.execute(f"SELECT t::text FROM {table} t").fetchall()
             seen.extend(row[0] for row in rows)
     seen.append(worker.output())
     seen.append(api.output())
@@ -221,7 +221,7 @@ def test_a_provider_echoing_the_key_leaks_it_nowhere(served, stub, env: dict[str
 
 def test_the_cli_estimate_is_the_dry_run_estimate(
     served, env: dict[str, str], tmp_path: Path
-) -> None:  # type: ignore[no-untyped-def]
+) -> None:
     from tests.integration.secured import recallq
 
     url, key, _, _ = served

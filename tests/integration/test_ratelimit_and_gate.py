@@ -10,7 +10,7 @@ import redis
 
 from recallq.coordination.gate import RedisCallGate, RunCancelled
 from recallq.coordination.ratelimit import RedisRateLimiter
-from recallq.judge.base import RateLimited
+from recallq.errors import RateLimited
 from tests.services import redis_database
 
 
@@ -37,7 +37,7 @@ def _stamps(limiter: RedisRateLimiter, threads: int, calls: int, tokens: int = 1
     return sorted(stamps)
 
 
-def test_requests_are_spaced_evenly_across_callers(client) -> None:  # type: ignore[no-untyped-def]
+def test_requests_are_spaced_evenly_across_callers(client) -> None:
     limiter = RedisRateLimiter(client, rpm=600, tpm=None, utilisation=1.0)
     stamps = _stamps(limiter, threads=6, calls=5)
     gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
@@ -45,7 +45,7 @@ def test_requests_are_spaced_evenly_across_callers(client) -> None:  # type: ign
     assert (stamps[-1] - stamps[0]) == pytest.approx(2.9, abs=0.15)
 
 
-def test_tokens_per_minute_and_correction_after_the_call(client) -> None:  # type: ignore[no-untyped-def]
+def test_tokens_per_minute_and_correction_after_the_call(client) -> None:
     limiter = RedisRateLimiter(client, rpm=None, tpm=6000, utilisation=1.0)  # 100 tokens/s
     limiter.acquire("m", 50)
     start = time.monotonic()
@@ -57,7 +57,7 @@ def test_tokens_per_minute_and_correction_after_the_call(client) -> None:  # typ
     assert time.monotonic() - start < 0.2
 
 
-def test_a_long_wait_gives_the_slot_back(client) -> None:  # type: ignore[no-untyped-def]
+def test_a_long_wait_gives_the_slot_back(client) -> None:
     limiter = RedisRateLimiter(client, rpm=60, tpm=None, max_wait=0.5, utilisation=1.0)
     limiter.acquire("m", 1)
     with pytest.raises(RateLimited) as refused:
@@ -65,7 +65,7 @@ def test_a_long_wait_gives_the_slot_back(client) -> None:  # type: ignore[no-unt
     assert refused.value.delay == pytest.approx(1.0, abs=0.1)
 
 
-def test_a_provider_429_halts_every_caller_then_rate_recovers(client) -> None:  # type: ignore[no-untyped-def]
+def test_a_provider_429_halts_every_caller_then_rate_recovers(client) -> None:
     first = RedisRateLimiter(client, rpm=6000, tpm=None, utilisation=1.0)
     second = RedisRateLimiter(client, rpm=6000, tpm=None, utilisation=1.0)  # another worker
     first.penalise("m", retry_after=0.5)
@@ -77,7 +77,7 @@ def test_a_provider_429_halts_every_caller_then_rate_recovers(client) -> None:  
     assert (stamps[-1] - stamps[0]) / 10 >= 0.017
 
 
-def test_the_gate_refuses_calls_of_a_cancelled_run_and_waits_for_open_ones(client) -> None:  # type: ignore[no-untyped-def]
+def test_the_gate_refuses_calls_of_a_cancelled_run_and_waits_for_open_ones(client) -> None:
     gate = RedisCallGate(client, call_timeout=30)
     release = threading.Event()
     inside = threading.Event()

@@ -106,14 +106,14 @@ def _settle(pid: int, timeout: float = 60) -> float:
     return time.monotonic() - started
 
 
-def _timed(call) -> float:  # type: ignore[no-untyped-def]
+def _timed(call) -> float:
     started = time.monotonic()
     response = call()
     assert response.status_code == 200, response.text[:200]
     return time.monotonic() - started
 
 
-def test_stalled_uploads_and_readers_block_nothing(served, env: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+def test_stalled_uploads_and_readers_block_nothing(served, env: dict[str, str]) -> None:
     api, key, pid = served
     lines = "".join(
         json.dumps({"id": f"i{i}", "context": ["a passage"], "ground_truth": "A fact."}) + "\n"

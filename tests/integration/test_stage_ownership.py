@@ -9,60 +9,22 @@ at its next sweep, not 600 s later when the stage's lease runs out.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 
 from recallq import ingest
-from recallq.judge.base import JudgeReply, Usage
-from recallq.models import Claim, Item
 from recallq.outcomes import Continue, Ended, Skipped, SkipReason, Taken
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.status import ItemStatus
+from recallq.tables import Claim, Item
+from tests.fakes import RecordingQueue, ScriptedJudge
 from tests.services import migrated_database, redis_database
 
 MODEL = "ownership-probe"
-
-
-class ProbeJudge:
-    """Answers like a judge and runs `during_attribution` inside the attribution call."""
-
-    name = MODEL
-    prompt_version = "probe-v1"
-
-    def __init__(self) -> None:
-        self.attribution_calls = 0
-        self.during_attribution: Callable[[], None] = lambda: None
-
-    def extract_claims(self, ground_truth: str, run_id: str, repair: object = None) -> JudgeReply:
-        return JudgeReply({"claims": [ground_truth]}, Usage(llm_calls=1))
-
-    def attribute(
-        self, claims: list[str], contexts: list[str], run_id: str, repair: object = None
-    ) -> JudgeReply:
-        self.attribution_calls += 1
-        self.during_attribution()
-        verdicts = [
-            {"claim_index": i, "verdict": "yes", "context_indices": [0], "reason": "stated"}
-            for i in range(len(claims))
-        ]
-        return JudgeReply({"verdicts": verdicts}, Usage(llm_calls=1))
-
-
-class SentNowhere:
-    """A work queue that only records what the engine sends."""
-
-    def __init__(self) -> None:
-        self.sent: list[int] = []
-
-    def send_items(self, item_ids: Sequence[int]) -> None:
-        self.sent += item_ids
-
-    def send_dispatch(self, run_id: str) -> None:
-        pass
 
 
 @pytest.fixture(scope="module")
@@ -76,12 +38,12 @@ def pg_database() -> Iterator[str]:
 def workers(pg_database: str) -> Iterator[Callable[[str], Runtime]]:
     """Runtimes of worker processes, by worker id, sharing one probe judge."""
     settings = Settings(database_url=pg_database, redis_url=redis_database(14))
-    judge = ProbeJudge()
+    judge = ScriptedJudge(MODEL)
     made: list[Runtime] = []
 
     def worker(worker_id: str) -> Runtime:
         runtime = Runtime.distributed(
-            settings, SentNowhere(), worker_id=worker_id, judges={MODEL: judge}
+            settings, RecordingQueue(), worker_id=worker_id, judges={MODEL: judge}
         )
         made.append(runtime)
         return runtime
@@ -91,9 +53,9 @@ def workers(pg_database: str) -> Iterator[Callable[[str], Runtime]]:
         runtime.close()
 
 
-def _judge(runtime: Runtime) -> ProbeJudge:
+def _judge(runtime: Runtime) -> ScriptedJudge:
     judge = runtime.judges.get(MODEL)
-    assert isinstance(judge, ProbeJudge)
+    assert isinstance(judge, ScriptedJudge)
     return judge
 
 
@@ -193,7 +155,9 @@ def test_calls_in_flight_when_the_run_is_cancelled_still_count(
     item_id = _queued_item(runtime)
     extracted = _extracted(runtime, item_id)
     with runtime.database.session() as session:
-        run_id = session.get(Item, item_id).run_id  # type: ignore[union-attr]
+        item = session.get(Item, item_id)
+        assert item is not None
+        run_id = item.run_id
 
     _judge(runtime).during_attribution = lambda: runtime.runs.cancel(run_id, "default")
     assert runtime.engine.attribute(extracted) == Skipped(SkipReason.NOT_OWNED)

@@ -38,12 +38,12 @@ def _size(env: dict[str, str]) -> int:
     return int(row[0])
 
 
-def test_a_megabyte_of_static_context_is_stored_once(served, env: dict[str, str]) -> None:  # type: ignore[no-untyped-def]
+def test_a_megabyte_of_static_context_is_stored_once(served, env: dict[str, str]) -> None:
     url, key = served
     words = [f"word{n}" for n in range(5000)]
     rng = random.Random(7)
     passages = [" ".join(rng.choice(words) for _ in range(250)) for _ in range(600)]
-    context = []
+    context: list[str] = []
     while sum(len(p) + 1 for p in context) < 1_000_000:
         context.append(passages[len(context) % len(passages)] + f" {len(context)}")
     items = [{"id": f"i{i}", "ground_truth": f"Word{i} appears."} for i in range(200)]
@@ -57,7 +57,7 @@ def test_a_megabyte_of_static_context_is_stored_once(served, env: dict[str, str]
     assert growth < 3_000_000
 
 
-def test_a_static_context_over_the_limit_is_a_422(served) -> None:  # type: ignore[no-untyped-def]
+def test_a_static_context_over_the_limit_is_a_422(served) -> None:
     url, key = served
     context = ["x" * 600_000, "y" * 600_000]  # 1.2 MB: past the 1 MiB limit
     response = submit(url, key, {"items": [{"id": "a", "ground_truth": "x"}], "context": context})
@@ -68,7 +68,7 @@ def test_a_static_context_over_the_limit_is_a_422(served) -> None:  # type: igno
     assert response.status_code == 422 and "1001 passages" in response.json()["error"]["message"]
 
 
-def test_an_item_context_over_the_limit_names_the_item(served) -> None:  # type: ignore[no-untyped-def]
+def test_an_item_context_over_the_limit_names_the_item(served) -> None:
     url, key = served
     items = [{"id": "ok", "context": ["fine"]}, {"id": "heavy", "context": ["z"] * 1001}]
     response = submit(url, key, {"items": items})

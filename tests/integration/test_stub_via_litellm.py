@@ -15,10 +15,10 @@ import pytest
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # before litellm: no fetch
 
-import litellm  # noqa: E402
-from litellm.types.utils import LiteLLMBatch  # noqa: E402
+import litellm
+from litellm.types.utils import LiteLLMBatch
 
-from tests.stub_llm import StubConfig, StubServer  # noqa: E402
+from tests.stub_llm import StubConfig, StubServer
 
 litellm.suppress_debug_info = True
 DEFAULTS = StubConfig().as_dict()

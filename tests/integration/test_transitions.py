@@ -11,21 +11,23 @@ from __future__ import annotations
 
 import inspect
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select, text
 
 from recallq import ingest, scoring
-from recallq.judge.base import JudgeReply, PermanentJudgeError, RateLimited, Usage
+from recallq.errors import PermanentJudgeError, RateLimited
 from recallq.migrate import upgrade
-from recallq.models import Item
 from recallq.outcomes import Continue, Deferred, Ended, Skipped, SkipReason, Stage
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.status import ITEM_TRANSITIONS, RUN_TRANSITIONS, ItemStatus, RunStatus
 from recallq.store import BatchedItemStore
+from recallq.tables import Item
+from recallq.usage import Usage
+from tests.fakes import RecordingQueue, ScriptedJudge
 
 MODEL = "transitions-probe"
 
@@ -38,46 +40,19 @@ TRIGGERS = [
 ]
 
 
-class ScriptedJudge:
-    """A provider double: answers, fails for good, or has no rate-limit room, per ground truth."""
-
-    name = MODEL
-    prompt_version = "probe"
-
-    def extract_claims(self, ground_truth: str, run_id: str, repair: object = None) -> JudgeReply:
-        if "permanent" in ground_truth:
-            raise PermanentJudgeError("bad request", Usage(llm_calls=1))
-        if "busy" in ground_truth:
-            raise RateLimited(MODEL, 0.0)
-        return JudgeReply({"claims": [ground_truth]}, Usage(llm_calls=1))
-
-    def attribute(
-        self, claims: list[str], contexts: list[str], run_id: str, repair: object = None
-    ) -> JudgeReply:
-        verdicts = [
-            {"claim_index": i, "verdict": "yes", "context_indices": [0], "reason": "r"}
-            for i in range(len(claims))
-        ]
-        return JudgeReply({"verdicts": verdicts}, Usage(llm_calls=1))
-
-
-class Recorded:
-    def __init__(self) -> None:
-        self.sent: list[int] = []
-
-    def send_items(self, item_ids: Sequence[int]) -> None:
-        self.sent += item_ids
-
-    def send_dispatch(self, run_id: str) -> None:
-        pass
-
-
 @pytest.fixture()
 def runtime(tmp_path: Path) -> Iterator[Runtime]:
     url = f"sqlite:///{tmp_path / 'moves.db'}"
     upgrade(url)
     settings = Settings(database_url=url, dispatch_window=2)
-    made = Runtime.local(settings, Recorded(), judges={MODEL: ScriptedJudge()})
+    judge = ScriptedJudge(
+        MODEL,
+        fails={
+            "permanent": lambda: PermanentJudgeError("bad request", Usage(llm_calls=1)),
+            "busy": lambda: RateLimited(MODEL, 0.0),
+        },
+    )
+    made = Runtime.local(settings, RecordingQueue(), judges={MODEL: judge})
     with made.database.transaction() as conn:
         for statement in TRIGGERS:
             conn.execute(text(statement))
@@ -192,8 +167,8 @@ def test_every_move_is_in_the_table_and_every_move_in_the_table_is_made(
         outcome = scoring.score_claims(["b1"], {0: scoring.Verdict(0, "yes", [0])}, 1.0)
         used = Usage(llm_calls=2)
         assert lane.succeed(conn, scored, outcome, used, Stage.ATTRIBUTION, ["b1"])  # succeeded
-        bad = "provider answered 400: bad"
-        assert lane.fail(conn, failing, bad, Usage(), Stage.EXTRACTION)  # → failed
+        error = "provider answered 400: bad"
+        assert lane.fail(conn, failing, error, Usage(), Stage.EXTRACTION)  # → failed
     assert engine.take(unended) == Skipped(SkipReason.IN_BATCH)  # no online call for it
     assert runs.cancel(batched_run, "default")  # batched → cancelled
     assert _status(runtime, unended) == ItemStatus.CANCELLED
@@ -213,5 +188,5 @@ def test_every_status_has_a_one_line_doc() -> None:
             assert lines[definition - 1].strip().startswith("#:"), member
     for old, new in ITEM_TRANSITIONS:
         assert ItemStatus(old) and ItemStatus(new)
-    for old, new in RUN_TRANSITIONS:
-        assert RunStatus(old) and RunStatus(new)
+    for old_run, new_run in RUN_TRANSITIONS:
+        assert RunStatus(old_run) and RunStatus(new_run)

@@ -12,7 +12,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect
 
 from recallq import migrate
-from recallq.models import Base
+from recallq.tables import Base
 from tests.services import PostgresDatabase
 
 TABLES = {
@@ -26,11 +26,12 @@ TABLES = {
     "batch_lines",
     "claim_labels",
     "label_samples",
+    "broker_epoch",
 }
 
 
 @pytest.fixture(params=["postgresql", "sqlite"])
-def empty_database(request, tmp_path: Path) -> Iterator[str]:  # type: ignore[no-untyped-def]
+def empty_database(request, tmp_path: Path) -> Iterator[str]:
     if request.param == "sqlite":
         yield f"sqlite:///{tmp_path / 'migrations.db'}"
         return

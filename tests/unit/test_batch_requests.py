@@ -14,9 +14,7 @@ from recallq.batch_requests import (
     Answer,
     InputFile,
     LineFailure,
-    Price,
     Request,
-    Stage,
     answer_usage,
     carry_verdicts,
     custom_id,
@@ -29,7 +27,9 @@ from recallq.batch_requests import (
     result_of,
 )
 from recallq.judge import protocol
-from recallq.pipeline import AskAgain, Claims, Failed, Repair, Retry, Verdicts
+from recallq.outcomes import Stage
+from recallq.pipeline import AskAgain, Claims, Failed, Repair, ResendLater, Verdicts
+from recallq.prices import Price
 from recallq.scoring import Verdict
 
 CLAIMS = ("Ada was born in 1815", "Ada wrote notes", "Ada liked tea")
@@ -237,13 +237,13 @@ def test_a_repair_of_a_reask_keeps_the_verdicts_it_carries() -> None:
 
 
 def test_failures_retry_or_fail_and_an_unanswered_request_goes_again() -> None:
-    assert decide(extraction(), LineFailure("provider answered 500: x", True)) == Retry(
+    assert decide(extraction(), LineFailure("provider answered 500: x", True)) == ResendLater(
         "provider answered 500: x"
     )
     assert decide(extraction(), LineFailure("provider answered 400: bad", False)) == Failed(
         "provider answered 400: bad"
     )
-    assert decide(attribution(), None) == Retry(UNANSWERED.error)
+    assert decide(attribution(), None) == ResendLater(UNANSWERED.error)
 
 
 def test_an_answer_costs_its_tokens_at_the_batch_price() -> None:

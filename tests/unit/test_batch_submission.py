@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from recallq import ingest
-from recallq.model_registry import ModelRegistryError, batch_models, load_models
-from recallq.models import Run, RunMode
+from recallq.judge_models import JudgeModelsError, batch_models, load_models
 from recallq.status import ItemStatus, public_item_status, stored_item_statuses
+from recallq.tables import Run, RunMode
 
 MODELS = """\
 models:
@@ -46,7 +46,7 @@ def test_the_models_file_marks_which_models_may_batch(tmp_path: Path) -> None:
 )
 def test_bad_batch_fields_are_refused(tmp_path: Path, field: str, message: str) -> None:
     text = f"models:\n  - name: m\n    litellm_params: {{model: openai/x}}\n    {field}\n"
-    with pytest.raises(ModelRegistryError, match=message):
+    with pytest.raises(JudgeModelsError, match=message):
         load_models(models_file(tmp_path, text))
 
 

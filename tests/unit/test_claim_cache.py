@@ -11,8 +11,8 @@ from sqlalchemy import Engine, create_engine
 from recallq.claim_cache import ClaimCache
 from recallq.judge import protocol
 from recallq.judge.lexical import LexicalJudge
-from recallq.model_registry import LEXICAL
-from recallq.models import Base
+from recallq.judge_models import LEXICAL
+from recallq.tables import Base
 
 
 @pytest.fixture()

@@ -1,5 +1,4 @@
 import random
-import time
 
 import pytest
 
@@ -26,14 +25,14 @@ CONTRACT_KEYS = {
 }
 
 
-def runs(base_scores, candidate_scores, **metadata):  # type: ignore[no-untyped-def]
+def runs(base_scores, candidate_scores, **metadata):
     """Two runs over keys k0, k1, ... with the given scores."""
     base = [ItemScores(f"k{i}", s, metadata=metadata or None) for i, s in enumerate(base_scores)]
     candidate = [ItemScores(f"k{i}", s) for i, s in enumerate(candidate_scores)]
     return base, candidate
 
 
-def noisy_runs(n: int, true_difference: float, seed: int):  # type: ignore[no-untyped-def]
+def noisy_runs(n: int, true_difference: float, seed: int):
     """Paired scores whose differences are drawn around a known mean."""
     rng = random.Random(seed)
     base = [rng.uniform(0.2, 0.8) for _ in range(n)]
@@ -261,14 +260,13 @@ def test_normal_interval_agrees_with_the_bootstrap():
     assert abs(boot_high - normal_high) < 0.15 * half_width
 
 
-def test_large_comparisons_use_the_normal_interval_and_stay_fast():
+def test_large_comparisons_use_the_normal_interval():
+    """(How fast: `python -m bench --sections bounds`.)"""
     rng = random.Random(9)
     base_scores = [round(rng.random(), 2) for _ in range(50_000)]
     candidate_scores = [round(min(1.0, max(0.0, s + rng.gauss(0.02, 0.2))), 2) for s in base_scores]
     base, candidate = runs(base_scores, candidate_scores)
-    started = time.perf_counter()
     result = compare(base, candidate, scale=1)
-    assert time.perf_counter() - started < 1.0
     differences = [c - b for b, c in zip(base_scores, candidate_scores, strict=True)]
     assert result["ci95"] == [round(bound, 4) for bound in normal_interval(differences)]
     assert result["matched"] > BOOTSTRAP_MAX_PAIRS

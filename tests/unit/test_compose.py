@@ -14,7 +14,7 @@ from tests.services import REPO
 def _subcommands() -> set[str]:
     parser = build_parser()
     (sub,) = [a for a in parser._actions if a.dest == "command"]
-    return set(sub.choices)
+    return set(sub.choices or ())
 
 
 def test_every_compose_command_is_a_recallq_command() -> None:
@@ -62,7 +62,7 @@ def test_no_open_api_and_no_password_in_the_file() -> None:
     assert "recallq keys create" in text  # says how to make the first key
 
 
-def test_prometheus_scrapes_the_api_with_its_token_and_every_worker(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_prometheus_scrapes_the_api_with_its_token_and_every_worker(tmp_path) -> None:
     compose = yaml.safe_load((REPO / "docker-compose.yml").read_text())
     services = compose["services"]
     prometheus = services["prometheus"]

@@ -28,7 +28,7 @@ def write(tmp_path: Path, name: str, content: str | bytes) -> Path:
     return path
 
 
-def error_of(call, *args, **kwargs) -> str:  # type: ignore[no-untyped-def]
+def error_of(call, *args, **kwargs) -> str:
     """The message of the DatasetError a call raises (draining generators), checked one line."""
     with pytest.raises(DatasetError) as caught:
         result = call(*args, **kwargs)

@@ -7,7 +7,7 @@ import pytest
 from recallq import estimate, prices
 from recallq.claim_cache import ClaimCache
 from recallq.judge import protocol
-from recallq.model_registry import LEXICAL, ModelConfig
+from recallq.judge_models import LEXICAL, ModelConfig
 
 PRICES = prices.Price(input_per_token=0.000001, output_per_token=0.000002)
 TRUTH = "Ada Lovelace was born in 1815. She wrote the first program."
@@ -97,7 +97,8 @@ def test_online_extraction_is_packed_as_the_engine_packs_it() -> None:
     assert (p.extraction_calls, p.attribution_calls) == (3, 20)  # 8 + 8 + 4
     assert (s.extraction_calls, s.attribution_calls) == (20, 20)
     # one system prompt per pack instead of one per item: fewer prompt tokens, lower cost
-    assert p.prompt_tokens < s.prompt_tokens and p.cost_usd < s.cost_usd  # type: ignore[operator]
+    assert p.cost_usd is not None and s.cost_usd is not None
+    assert p.prompt_tokens < s.prompt_tokens and p.cost_usd < s.cost_usd
     smaller = estimate.estimator_for("m", {"m": ModelConfig("m", own, extraction_pack=4)}, 8, 4000)
     for truth in _truths(20):
         smaller.add(truth, ["c"], None)
@@ -114,4 +115,5 @@ def test_a_batch_run_is_priced_at_the_batch_price_and_not_packed() -> None:
         online.add(truth, ["c"], None)
     b, o = batch.result(), online.result()
     assert (b.mode, b.extraction_calls, b.prompt_tokens) == ("batch", 10, o.prompt_tokens)
-    assert b.cost_usd == pytest.approx(o.cost_usd / 2)  # type: ignore[operator]
+    assert b.cost_usd is not None and o.cost_usd is not None
+    assert b.cost_usd == pytest.approx(o.cost_usd / 2)

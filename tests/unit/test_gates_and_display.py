@@ -32,6 +32,7 @@ VIEW: dict[str, Any] = {
         "claims_total": 20,
         "claims_attributed": 12,
         "no_ground_truth": 1,
+        "no_context": 2,
         "histogram": {"edges": [0, 0.2, 0.4, 0.6, 0.8, 1.0], "counts": [1, 0, 2, 3, 2]},
     },
     "usage": {
@@ -108,7 +109,7 @@ def view(**changes: Any) -> dict[str, Any]:
         ),
     ],
 )
-def test_exit_codes_and_reasons(run, gate, code, reasons) -> None:  # type: ignore[no-untyped-def]
+def test_exit_codes_and_reasons(run, gate, code, reasons) -> None:
     assert gates.exit_code(run, gate) == (code, reasons)
 
 
@@ -166,6 +167,8 @@ def test_summary_uses_the_field_names() -> None:
     for expected in (
         "  mean_score         0.6125",
         "  no_ground_truth    1 item scored 0: no ground truth to check against",
+        "  no_context         2 items scored 0: no context was retrieved (check what feeds the "
+        "contexts)",
         "  claims_attributed  12 of 20 (claims_total)",
         "  llm_calls          18",
         "  cost_usd           0.0123",
@@ -177,7 +180,7 @@ def test_summary_uses_the_field_names() -> None:
 
 
 def test_summary_by_group() -> None:
-    groups = {
+    groups: dict[str, dict[str, Any]] = {
         "a": {"items": 3, "scored_items": 3, "failed": 0, "mean_score": 0.5},
         "(missing)": {"items": 1, "scored_items": 0, "failed": 1, "mean_score": None},
     }
@@ -260,3 +263,14 @@ def test_database_label_hides_passwords(tmp_path: Any, monkeypatch: Any) -> None
     assert display.database_label("postgresql+psycopg://me:s3cret@db:5432/x") == (
         "postgresql+psycopg://me:***@db:5432/x"
     )
+
+
+def test_a_gate_on_items_scored_without_context() -> None:
+    run = view(status="completed", counts__failed=0)
+    assert gates.misses(run, gates.Gate(max_no_context=2)) == []
+    assert gates.misses(run, gates.Gate(max_no_context=1)) == [
+        "2 items were scored without any context, more than --max-no-context 1"
+    ]
+    assert gates.misses(run, gates.Gate()) == []  # not gated unless asked
+    passed = gates.passed_line(run, gates.Gate(max_no_context=2))
+    assert passed.endswith("2 without context <= --max-no-context 2")

@@ -17,9 +17,9 @@ from recallq.ingest import (
     parse_ndjson_lines,
 )
 from recallq.migrate import upgrade
-from recallq.models import Item, Run
 from recallq.settings import Settings
 from recallq.store import stores_for
+from recallq.tables import Item, Run
 
 KNOWN = ["local/lexical"]
 MAX_ITEM = Settings().max_item_bytes
@@ -361,7 +361,15 @@ def test_failing_extractor_names_the_item() -> None:
 
 
 def test_ndjson_skips_blank_lines() -> None:
-    lines = ['{"id": "a"}\n', "\n", "   \n", b'{"id": "b"}\n', b"\r\n", b"", '{"id": "c"}']
+    lines: list[str | bytes] = [
+        '{"id": "a"}\n',
+        "\n",
+        "   \n",
+        b'{"id": "b"}\n',
+        b"\r\n",
+        b"",
+        '{"id": "c"}',
+    ]
     assert list(parse_ndjson_lines(lines, MAX_ITEM)) == [{"id": "a"}, {"id": "b"}, {"id": "c"}]
 
 
@@ -408,7 +416,7 @@ def counts(db: Database) -> tuple[int, int]:
     with db.session() as session:
         runs = session.scalar(select(func.count()).select_from(Run))
         items = session.scalar(select(func.count()).select_from(Item))
-    return runs, items
+    return runs or 0, items or 0
 
 
 def stored_items(db: Database, run_id: str) -> list[Item]:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from recallq.batch_requests import Answer, Claims, Failed, Request, decide
+from recallq.batch_requests import Answer, Request, decide
 from recallq.judge.protocol import (
     ATTRIBUTION,
     EXTRACTION,
@@ -23,6 +23,7 @@ from recallq.judge.protocol import (
     parse_answer,
 )
 from recallq.outcomes import Stage
+from recallq.pipeline import Claims, Failed
 from recallq.redact import Redactor
 from tests.stub_llm import split_claims
 

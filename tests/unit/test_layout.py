@@ -25,7 +25,7 @@ def _sources() -> list[Path]:
 def _names_a_state_table(node: ast.expr) -> bool:
     if isinstance(node, ast.Name):
         return node.id in STATE_TABLES
-    if isinstance(node, ast.Attribute):  # Item.__table__, models.Item
+    if isinstance(node, ast.Attribute):  # Item.__table__, tables.Item
         return _names_a_state_table(node.value) or node.attr in STATE_TABLES
     return False
 

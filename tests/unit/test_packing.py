@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from recallq.engine import extraction_packs, split_usage
-from recallq.judge.base import Usage
+from recallq.engine import extraction_packs
 from recallq.outcomes import Taken
+from recallq.pipeline import split_usage
+from recallq.usage import Usage
 
 
 def _pass(item_id: int, text: str) -> tuple[Taken, str]:

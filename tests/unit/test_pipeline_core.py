@@ -7,17 +7,11 @@ from __future__ import annotations
 import pytest
 
 from recallq import pipeline, scoring
+from recallq.errors import MalformedAnswer, PermanentJudgeError, ProviderUnavailable, RateLimited
 from recallq.judge import protocol
-from recallq.judge.base import (
-    MalformedAnswer,
-    PackedReply,
-    PermanentJudgeError,
-    ProviderUnavailable,
-    RateLimited,
-    Repair,
-    Usage,
-)
-from recallq.pipeline import AskAgain, Claims, Failed, Retry, Scored, Verdicts, Wait
+from recallq.judge.base import PackedReply, Repair
+from recallq.pipeline import AskAgain, Claims, Failed, ResendLater, Scored, Verdicts, Wait
+from recallq.usage import Usage
 
 CLAIMS = ["Ada was born in 1815", "Ada wrote notes", "Ada liked tea"]
 
@@ -175,7 +169,7 @@ def test_context_indices_out_of_range_are_dropped() -> None:
 
 
 def test_a_failed_line_retries_if_transient_else_fails() -> None:
-    assert pipeline.line_failed("provider answered 503: x", True) == Retry(
+    assert pipeline.line_failed("provider answered 503: x", True) == ResendLater(
         "provider answered 503: x"
     )
     assert pipeline.line_failed("provider answered 400: x", False) == Failed(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import Any
 
 import pytest
 
@@ -101,7 +102,7 @@ def test_attribution_data_block_with_no_contexts() -> None:
 
 
 def test_attribution_data_key_order_is_claims_then_contexts() -> None:
-    data = json_block(last_user_content(attribution_messages(["c"], ["x"])))
+    data: Any = json_block(last_user_content(attribution_messages(["c"], ["x"])))
     assert list(data) == ["claims", "contexts"]
     assert list(data["claims"][0]) == ["index", "text"]
     assert list(data["contexts"][0]) == ["index", "text"]

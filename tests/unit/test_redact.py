@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from recallq.redact import REDACTED, Redactor, redact_url
@@ -139,31 +137,28 @@ def test_redaction_is_idempotent() -> None:
 
 
 def test_it_never_raises() -> None:
-    assert redact(None) == "None"  # type: ignore[arg-type]
-    assert REDACTED in redact(f"{OPENAI}".encode())  # type: ignore[arg-type]
+    assert redact(None) == "None"
+    assert REDACTED in redact(f"{OPENAI}".encode())
     assert redact_url(None) == "***"  # type: ignore[arg-type]
     Redactor([None, 42, "ok-secret-value"])  # type: ignore[list-item]
 
 
-def test_it_is_fast_and_linear() -> None:
+def test_it_is_linear() -> None:
+    """(How fast: `python -m bench --sections bounds`.)"""
     redactor = Redactor([f"configured-secret-{n:04d}" for n in range(20)])
     message = (
         "litellm.ServiceUnavailableError: OpenAIException - Error code: 503 - "
         "{'error': {'message': 'upstream connect error', 'type': 'server_error'}}"
     )
-    start = time.perf_counter()
-    for _ in range(2000):
-        redactor(message)
-    assert (time.perf_counter() - start) / 2000 < 200e-6  # typically ~20 us on a loaded box
+    assert "configured-secret" not in redactor(message + " configured-secret-0007")
     # long runs of token characters must not make any pattern backtrack quadratically
     runs = ["a" * 50_000, "Bearer " + "b" * 50_000, "eyJ" + "c" * 50_000, "sk-" * 20_000]
     runs += [separated * 25_000 for separated in ("d_", "e.", "f:", "g-", "h@", "i/")]
-    start = time.perf_counter()
-    redactor(" ".join(runs))
-    assert time.perf_counter() - start < 1.0  # ~0.05 s; a quadratic pattern takes minutes
+    redacted = redactor(" ".join(runs))  # ~0.05 s; a quadratic pattern takes minutes (bench)
+    assert "b" * 100 not in redacted and "a" * 50_000 in redacted
 
 
-def test_log_records_are_redacted_where_they_are_made(caplog) -> None:  # type: ignore[no-untyped-def]
+def test_log_records_are_redacted_where_they_are_made(caplog) -> None:
     import logging
 
     from recallq.redact import install_log_redaction

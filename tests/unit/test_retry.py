@@ -7,14 +7,14 @@ from collections.abc import Callable
 import pytest
 
 from recallq.coordination.gate import RunCancelled
-from recallq.judge.base import (
+from recallq.errors import (
     PermanentJudgeError,
     ProviderUnavailable,
     RateLimited,
     TransientJudgeError,
-    Usage,
 )
 from recallq.retry import RetryPolicy, call_with_retries
+from recallq.usage import Usage
 
 POLICY = RetryPolicy(max_attempts=4, base_delay=0.5, max_delay=30.0)
 

@@ -17,8 +17,8 @@ def _verdicts(state: StubState) -> list[str]:
 
 
 def _rule() -> list[str]:
-    pairs = [(c["index"], c["text"]) for c in CLAIMS]
-    return [v["verdict"] for v in attribute(pairs, [(0, CONTEXTS[0]["text"])])]
+    pairs = [(int(str(c["index"])), str(c["text"])) for c in CLAIMS]
+    return [v["verdict"] for v in attribute(pairs, [(0, str(CONTEXTS[0]["text"]))])]
 
 
 def test_deterministic_flips_hit_the_rate_and_repeat() -> None:

@@ -180,6 +180,18 @@ class KeptView(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+class BrokerEpoch(Base):
+    """The broker's epoch as the reaper last saw it: Redis's `run_id` then, also kept in a
+    Redis key. A Redis that lost its data lacks that key whoever starts first, while this row
+    survives in Postgres (see recallq.coordination.epoch.BrokerEpochs)."""
+
+    __tablename__ = "broker_epoch"
+
+    name: Mapped[str] = mapped_column(String(16), primary_key=True)
+    token: Mapped[str] = mapped_column(String(64))
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
 class ApiKey(Base):
     """A bearer key of a project. Only its SHA-256 is kept: a key is 32 random bytes, so a
     slow hash would add nothing, and a stolen table gives no usable key."""

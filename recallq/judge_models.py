@@ -42,7 +42,7 @@ class ModelConfig:
             return value
         variable = value.removeprefix("os.environ/")
         if variable not in os.environ:
-            raise ModelRegistryError(
+            raise JudgeModelsError(
                 f"model {self.name!r}: {variable} (for litellm_params.{key}) is not set in "
                 "this process's environment"
             )
@@ -59,7 +59,7 @@ class ModelConfig:
                 continue
             try:
                 resolved = self._resolve(key, value)
-            except ModelRegistryError:
+            except JudgeModelsError:
                 continue
             if isinstance(resolved, str):
                 found.append(resolved)
@@ -69,7 +69,7 @@ class ModelConfig:
 _SECRET_PARAM = re.compile(r"key|secret|token|password|credential", re.IGNORECASE)
 
 
-class ModelRegistryError(ValueError):
+class JudgeModelsError(ValueError):
     pass
 
 
@@ -80,16 +80,16 @@ def load_models(path: Path | None) -> dict[str, ModelConfig]:
     try:
         raw = yaml.safe_load(Path(path).read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
-        raise ModelRegistryError(f"cannot read models file {path}: {exc}") from exc
+        raise JudgeModelsError(f"cannot read models file {path}: {exc}") from exc
     for entry in raw.get("models") or []:
         if not isinstance(entry, dict) or not isinstance(entry.get("name"), str):
-            raise ModelRegistryError(f"models file {path}: every model needs a name")
+            raise JudgeModelsError(f"models file {path}: every model needs a name")
         params = entry.get("litellm_params") or {}
         if not isinstance(params, dict) or "model" not in params:
-            raise ModelRegistryError(f"model {entry['name']}: litellm_params.model is required")
+            raise JudgeModelsError(f"model {entry['name']}: litellm_params.model is required")
         pack = entry.get("extraction_pack")
         if pack is not None and (isinstance(pack, bool) or not isinstance(pack, int) or pack < 1):
-            raise ModelRegistryError(f"model {entry['name']}: extraction_pack must be 1 or more")
+            raise JudgeModelsError(f"model {entry['name']}: extraction_pack must be 1 or more")
         models[entry["name"]] = ModelConfig(
             name=entry["name"],
             litellm_params=params,
@@ -105,11 +105,11 @@ def _batch_fields(entry: dict[str, Any]) -> dict[str, Any]:
     """`batch: true` and `batch_discount` (a share between 0 and 1) of a models file entry."""
     name, batch, discount = entry["name"], entry.get("batch", False), entry.get("batch_discount")
     if not isinstance(batch, bool):
-        raise ModelRegistryError(f"model {name}: batch must be true or false")
+        raise JudgeModelsError(f"model {name}: batch must be true or false")
     if discount is not None and (
         isinstance(discount, bool) or not isinstance(discount, int | float) or not 0 <= discount < 1
     ):
-        raise ModelRegistryError(f"model {name}: batch_discount must be a number from 0 to 1")
+        raise JudgeModelsError(f"model {name}: batch_discount must be a number from 0 to 1")
     return {"batch": batch, "batch_discount": None if discount is None else float(discount)}
 
 

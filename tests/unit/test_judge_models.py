@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from recallq.model_registry import ModelConfig, ModelRegistryError
+from recallq.judge_models import JudgeModelsError, ModelConfig
 
 
 def _config() -> ModelConfig:
@@ -27,6 +27,6 @@ def test_a_set_but_empty_variable_is_kept(monkeypatch: pytest.MonkeyPatch) -> No
 def test_an_unset_variable_is_an_error_naming_it(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("JUDGE_KEY", raising=False)
     with pytest.raises(
-        ModelRegistryError, match=r"'judge': JUDGE_KEY \(for litellm_params.api_key\) is not set"
+        JudgeModelsError, match=r"'judge': JUDGE_KEY \(for litellm_params.api_key\) is not set"
     ):
         _config().resolved_params()

@@ -9,10 +9,11 @@ from collections.abc import Callable, Mapping
 from recallq.coordination.breaker import CircuitBreaker
 from recallq.coordination.gate import CallGate
 from recallq.coordination.ratelimit import RateLimiter
-from recallq.judge.base import Judge, PermanentJudgeError
+from recallq.errors import PermanentJudgeError
+from recallq.judge.base import Judge
 from recallq.judge.lexical import LexicalJudge
 from recallq.judge.protocol import DEFAULT_LIMITS, AnswerLimits
-from recallq.model_registry import LEXICAL, ModelConfig, ModelRegistryError, pack_size
+from recallq.judge_models import LEXICAL, JudgeModelsError, ModelConfig, pack_size
 from recallq.redact import Redactor
 from recallq.retry import RetryPolicy
 
@@ -54,7 +55,7 @@ class JudgeRegistry:
             return self._judges[name]
 
     def pack_size(self, name: str) -> int:
-        """Ground truths one extraction call of this model may carry (model_registry)."""
+        """Ground truths one extraction call of this model may carry (judge_models)."""
         return pack_size(self.models.get(name), self._pack)
 
     def _build(self, name: str) -> Judge:
@@ -75,5 +76,5 @@ class JudgeRegistry:
                 self._redact,
                 self._limits,
             )
-        except ModelRegistryError as exc:  # a missing key fails each item at once, not later
+        except JudgeModelsError as exc:  # a missing key fails each item at once, not later
             raise PermanentJudgeError(str(exc)) from exc

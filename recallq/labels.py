@@ -299,19 +299,29 @@ def import_rows(
     keys = sorted({key for pair in cells for key in pair if key and text_problem(key) is None})
     claims: dict[int, dict[int, Claim]] = defaultdict(dict)
     by_text: dict[str, list[tuple[Item, Claim]]] = defaultdict(list)
-    wants_text = any(r.fields.get("claim_index") in (None, "") for r in rows)
+    # rows that name a claim by its text alone: only the claims of those texts are read, not
+    # every claim of the run (millions of rows for a large run, for a one-line file)
+    texts = sorted(
+        {
+            text
+            for r in rows
+            if r.fields.get("item_id") in (None, "") and r.fields.get("claim_index") in (None, "")
+            for text in _unescaped(r.fields.get("claim"))
+            if text_problem(text) is None
+        }
+    )
     query = select(Item, Claim).join(Claim, Claim.item_id == Item.id).where(Item.run_id == run_id)
     items: dict[str, Item] = {}
-    pairs: list[Any] = list(session.execute(query)) if wants_text else []
     for start in range(0, len(keys), BIND_CHUNK):
         chunk = keys[start : start + BIND_CHUNK]
         named = select(Item).where(Item.run_id == run_id, Item.key.in_(chunk))
         items |= {item.key: item for item in session.scalars(named)}
-        if not wants_text:
-            pairs += session.execute(query.where(Item.key.in_(chunk)))
-    for item, claim in pairs:
-        claims[item.id][claim.idx] = claim
-        if wants_text:
+        for item, claim in session.execute(query.where(Item.key.in_(chunk))):
+            claims[item.id][claim.idx] = claim
+    for start in range(0, len(texts), BIND_CHUNK):
+        for item, claim in session.execute(
+            query.where(Claim.text.in_(texts[start : start + BIND_CHUNK]))
+        ):
             by_text[claim.text].append((item, claim))
     stored = skipped = 0
     problems: list[dict[str, Any]] = []

@@ -530,3 +530,38 @@ def test_the_labels_export_is_read_in_pages_with_every_label_once_in_order(
     table = list(csv.DictReader(io.StringIO(sheet)))
     assert [(r["item_id"], int(r["claim_index"])) for r in table] == expected
     assert table[0]["note"] == "'=n0"  # spreadsheet-safe
+
+
+def test_rows_naming_a_claim_by_its_text_alone(api: str, keys: dict[str, str]) -> None:
+    """Only the claims of the texts named are read (not every claim of the run), with the
+    same answers: a unique text is stored, a text two items share and an unknown text are
+    problems, a spreadsheet-safe cell finds its claim."""
+    items = [
+        {"id": "t0", "ground_truth": "Shared fact here. Only in zero.", "context": ["x"]},
+        {"id": "t1", "ground_truth": "Shared fact here. =SUM(A1) is odd.", "context": ["x"]},
+    ]
+    run = _scored(api, keys["write"], items)
+    got = httpx.get(f"{api}/v1/runs/{run}/items/t1", headers=bearer(keys["read"])).json()
+    texts = [claim["text"] for claim in got["claims"]]
+    shared, formula = texts[0], texts[1]
+    assert formula.startswith("=")
+    zero = httpx.get(f"{api}/v1/runs/{run}/items/t0", headers=bearer(keys["read"])).json()
+    only = zero["claims"][1]["text"]
+    rows = [
+        {"claim": only, "verdict": "yes"},
+        {"claim": shared, "verdict": "no"},
+        {"claim": "no such claim", "verdict": "no"},
+        {"claim": "'" + formula, "verdict": "no"},
+        {"item_id": "t0", "claim": shared, "verdict": "yes"},
+        {"claim": "bad\u0000text", "verdict": "yes"},
+    ]
+    response = _import(api, keys["write"], run, _jsonl(*rows), "application/x-ndjson")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["stored"] == 3, body
+    assert [p["line"] for p in body["problems"]] == [2, 3, 6], body
+    assert "2 claims" in body["problems"][0]["problem"]
+    labels = httpx.get(f"{api}/v1/runs/{run}/labels", headers=bearer(keys["read"])).json()
+    assert sorted((x["item_id"], x["claim"], x["verdict"]) for x in labels["labels"]) == sorted(
+        [("t0", only, "yes"), ("t1", formula, "no"), ("t0", shared, "yes")]
+    )

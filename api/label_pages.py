@@ -36,9 +36,9 @@ from api.pages import (
     _run_or_404,
     _runtime,
 )
-from api.routes import find_run, plausible_id
 from recallq import labels, queries
 from recallq.apikeys import Principal
+from recallq.runs import find_run, plausible_id
 from recallq.tables import Run
 
 router = APIRouter(include_in_schema=False)

@@ -26,8 +26,9 @@ from api import schemas
 from api.auth import Project, Writer
 from api.body import Pace, paced_chunks, too_large
 from api.errors import HttpError, not_found
-from api.routes import MetadataField, Rt, find_run, plausible_id
+from api.routes import MetadataField, Rt
 from recallq import labels
+from recallq.runs import find_run, plausible_id
 from recallq.runtime import Runtime
 from recallq.tables import Run
 

@@ -148,6 +148,32 @@ def test_the_items_page_filters_sorts_and_pages(stack: Stack, context: Any) -> N
         assert response is not None and 400 <= response.status < 500, query
 
 
+def test_the_items_page_says_how_many_items_a_text_matches(
+    stack: Stack, context: Any, screenshots: Path
+) -> None:
+    run_id = stack.runs["retriever_a"]
+    base = f"{stack.url}/runs/{run_id}/items"
+    items = stack.get(f"/v1/runs/{run_id}/items", limit=1000)["items"]
+    page = sign_in(context, stack.url, stack.keys["alpha_read"])
+    count = page.locator("[data-testid=match-count]")
+
+    for text in ("Lovelace", "q1", "nothing-has-this"):
+        page.goto(f"{base}?q={text}")
+        expected = [i for i in items if text.lower() in (i["id"] + " " + i["ground_truth"]).lower()]
+        # a 24-item run is well inside the scan bound: the count is exact, not a lower bound
+        noun = "item matches" if len(expected) == 1 else "items match"
+        expect(count).to_have_text(f"{len(expected)} {noun}.")
+        assert count.get_attribute("data-exact") == "true"
+    shoot(page, screenshots, "items-match-count")
+
+    page.goto(f"{base}?q=Lovelace&status=failed")
+    failed = [i for i in items if i["status"] == "failed" and "Lovelace" in i["ground_truth"]]
+    assert count.get_attribute("data-matched") == str(len(failed))
+
+    page.goto(base)  # no text filter: nothing to count
+    assert page.locator("[data-testid=match-count]").count() == 0
+
+
 def test_an_item_page_shows_each_claim_as_stored(
     stack: Stack, context: Any, screenshots: Path
 ) -> None:

@@ -174,6 +174,25 @@ def test_the_items_page_says_how_many_items_a_text_matches(
     assert page.locator("[data-testid=match-count]").count() == 0
 
 
+def test_a_model_without_a_price_reads_not_priced_rather_than_free(
+    stack: Stack, context: Any
+) -> None:
+    # the stub judge has no price in the models file: its calls cost $0 because nobody knows
+    run_id = stack.runs["retriever_a"]
+    usage = stack.get(f"/v1/runs/{run_id}")["usage"]
+    assert usage["llm_calls"] > 0 and usage["cost_usd"] == 0
+    page = sign_in(context, stack.url, stack.keys["alpha_read"])
+    row = page.locator(f'tr[data-run-id="{run_id}"]')
+    assert _text(row.locator("td[data-field=cost]")) == "not priced"
+    page.goto(f"{stack.url}/runs/{run_id}")
+    usage_table = page.locator("[data-testid=usage]")
+    assert _text(usage_table.locator("td[data-field=cost]")) == "not priced"
+    stages = [_text(cell) for cell in usage_table.locator("tr.stage td").all()]
+    spent = [s for s in usage["by_stage"].values() if s["llm_calls"]]
+    assert len([s for s in stages if s.endswith("· not priced")]) == len(spent)
+    assert "$0.0000" not in _text(usage_table)
+
+
 def test_an_item_page_shows_each_claim_as_stored(
     stack: Stack, context: Any, screenshots: Path
 ) -> None:

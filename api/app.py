@@ -32,7 +32,7 @@ from recallq.apikeys import KeyStore
 from recallq.coordination.submissions import SubmissionLimiter
 from recallq.redact import install_log_redaction, redact_url
 from recallq.runtime import Runtime
-from recallq.settings import Settings
+from recallq.settings import read_settings
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"
@@ -45,7 +45,7 @@ SECURITY_HEADERS = [
 
 def create_app(runtime: Runtime | None = None) -> FastAPI:
     if runtime is None:
-        settings = Settings()
+        settings = read_settings()  # the API process's one read of its environment
         sender = broker.configure(Celery("recallq-api"), settings.redis_url)
         queue = broker.CeleryQueue(sender, settings.extraction_pack)
         runtime = Runtime.distributed(settings, queue)
@@ -170,6 +170,7 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
     components.update(submission.pop("$defs", {}))
     components["RunSubmission"] = submission
     components.setdefault("ErrorResponse", schemas.ErrorResponse.model_json_schema())
+    components["ResumeRequest"] = schemas.ResumeRequest.model_json_schema()
     error_ref = {"$ref": "#/components/schemas/ErrorResponse"}
     for path in spec.get("paths", {}).values():
         for operation in path.values():

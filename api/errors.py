@@ -16,6 +16,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recallq.ingest import SubmissionError
 from recallq.quotas import QuotaExceeded
+from recallq.runs import RunConflict
+from recallq.store import RunNotFound
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +83,14 @@ def install(app: FastAPI) -> None:
         if isinstance(exc, QuotaExceeded):
             headers = {"Retry-After": str(exc.retry_after)}
         return error_response(exc.status, exc.code, exc.message, _closing(request, headers))
+
+    @app.exception_handler(RunNotFound)
+    async def _run_not_found(request: Request, exc: RunNotFound) -> JSONResponse:
+        return error_response(404, "not_found", f"run {str(exc.args[0])[:80]} not found")
+
+    @app.exception_handler(RunConflict)
+    async def _run_conflict(request: Request, exc: RunConflict) -> JSONResponse:
+        return error_response(409, exc.code, exc.message, _closing(request, None))
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(request: Request, exc: RequestValidationError) -> JSONResponse:

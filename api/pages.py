@@ -29,12 +29,12 @@ from sqlalchemy.orm import Session
 from api import page_auth
 from api.body import Pace, paced_chunks
 from api.page_auth import Browser
-from api.routes import cancel, find_run, plausible_id, retry
 from recallq import compare as ab
 from recallq import inputs, labels, queries, viewer
+from recallq.runs import RunConflict, RunService, find_run, plausible_id
 from recallq.runtime import Runtime
 from recallq.status import RUN_ACTIVE, PublicItemStatus, RunStatus
-from recallq.store import RunCancelledError, RunNotFound
+from recallq.store import RunNotFound
 from recallq.tables import Run
 from recallq.viewer.figures import MAX_SCATTER_POINTS
 
@@ -410,6 +410,8 @@ def run_page(request: Request, run_id: str, by: str | None = None) -> Response:
         notice=notice,
         message=_message(request),
         active=active,
+        # a budget-cancelled run needs a higher budget: the API's resume takes one
+        resumable=bool(view["counts"]["cancelled"]) and view.get("cancel_reason") != "budget",
         can_write=_can_write(browser),
         metadata_fields=fields,
         by=by,
@@ -425,6 +427,7 @@ _MESSAGES = {
     "cancelled-without-gate": "Run cancelled: no item starts another stage. Redis cannot be "
     "reached now, so judge calls already under way were not stopped; they may still finish.",
     "retried": "Failed items queued again.",
+    "resumed": "Run resumed: its cancelled items are queued again.",
     "nothing-to-retry": "No failed item to retry.",
 }
 
@@ -433,7 +436,7 @@ def _message(request: Request) -> str | None:
     return _MESSAGES.get(request.query_params.get("done", ""))
 
 
-async def _action(request: Request, run_id: str, act: Callable[[Runtime, str], str]) -> Response:
+async def _action(request: Request, run_id: str, act: Callable[[RunService, str], str]) -> Response:
     """A button on the run page: a same-site form with the CSRF token, by a write key. Then
     back to the run page (303), which says what happened."""
     form = await _form(request)
@@ -442,15 +445,17 @@ async def _action(request: Request, run_id: str, act: Callable[[Runtime, str], s
         raise SignInRequired(f"/runs/{quote(run_id, safe='')}")
     _checked_post(request, browser, form)
     if not _can_write(browser):
-        raise PageError(403, "Forbidden", "Your key may only read: cancel and retry need write.")
+        raise PageError(
+            403, "Forbidden", "Your key may only read: cancel, retry and resume need write."
+        )
     project = _project(browser)
     runtime = _runtime(request)
     try:
-        done = await anyio.to_thread.run_sync(act, runtime, project)
+        done = await anyio.to_thread.run_sync(act, RunService(runtime), project)
     except RunNotFound:
         raise _not_found() from None
-    except RunCancelledError:
-        raise PageError(409, "Conflict", "A cancelled run cannot be retried.") from None
+    except RunConflict as exc:
+        raise PageError(409, "Conflict", exc.message[:1].upper() + exc.message[1:] + ".") from None
     except RedisError:
         raise PageError(503, "Unavailable", "Redis cannot be reached now; retry soon.") from None
     target = f"/runs/{quote(run_id, safe='')}?done={done}"
@@ -459,20 +464,26 @@ async def _action(request: Request, run_id: str, act: Callable[[Runtime, str], s
 
 @router.post("/runs/{run_id}/cancel")
 async def cancel_page(request: Request, run_id: str) -> Response:
-    def act(runtime: Runtime, project: str) -> str:
-        try:
-            cancel(runtime, run_id, project)
-        except RedisError:  # cancelled in the database; the gate (in Redis) not closed
-            return "cancelled-without-gate"
-        return "cancelled"
+    def act(service: RunService, project: str) -> str:
+        cancelled = service.cancel(run_id, project)
+        return "cancelled" if cancelled.calls_stopped else "cancelled-without-gate"
 
     return await _action(request, run_id, act)
 
 
 @router.post("/runs/{run_id}/retry")
 async def retry_page(request: Request, run_id: str) -> Response:
-    def act(runtime: Runtime, project: str) -> str:
-        return "retried" if retry(runtime, run_id, project) else "nothing-to-retry"
+    def act(service: RunService, project: str) -> str:
+        return "retried" if service.retry(run_id, project) else "nothing-to-retry"
+
+    return await _action(request, run_id, act)
+
+
+@router.post("/runs/{run_id}/resume")
+async def resume_page(request: Request, run_id: str) -> Response:
+    def act(service: RunService, project: str) -> str:
+        service.resume(run_id, project)
+        return "resumed"
 
     return await _action(request, run_id, act)
 

@@ -9,10 +9,7 @@ transaction, and /healthz touches neither the database nor the thread pool.
 from __future__ import annotations
 
 import base64
-import itertools
-import json
 import logging
-from collections.abc import Callable, Iterable
 from typing import Annotated, Any, Literal
 
 import anyio.to_thread
@@ -27,29 +24,16 @@ from api import schemas, streams
 from api.auth import AdminProject, Caller, Project, WriteProject, Writer
 from api.body import Pace, SpooledUpload, read_json_body, spool_ndjson
 from api.errors import HttpError, not_found
-from recallq import export, ingest, inputs, judge_models, queries, quotas, scoring
+from recallq import export, ingest, inputs, queries, scoring
 from recallq.apikeys import Principal
+from recallq.runs import MAX_ID_LENGTH, RunService, find_run, plausible_id
 from recallq.runtime import Runtime
 from recallq.status import PublicItemStatus, RunStatus
-from recallq.store import RunActiveError, RunCancelledError, RunNotFound
 from recallq.tables import Run
 
 log = logging.getLogger(__name__)
 router = APIRouter()
 NDJSON = "application/x-ndjson"
-RUN_FIELDS = {
-    "name",
-    "model",
-    "scale",
-    "mode",
-    "context",
-    "context_extractor",
-    "retry_deadline_s",
-    "budget_usd",
-    "budget_tokens",
-    "items",
-}
-MAX_ID_LENGTH = 200  # run ids are UUIDs; item ids at most 200 characters
 MAX_CURSOR_LENGTH = 64
 ANONYMOUS = "auth-off"  # the rate-limit key of every caller when RECALLQ_AUTH=off
 errors = schemas.error_responses
@@ -60,27 +44,12 @@ def _runtime(request: Request) -> Runtime:
     return runtime
 
 
+def _service(request: Request) -> RunService:
+    return RunService(_runtime(request))
+
+
 Rt = Annotated[Runtime, Depends(_runtime)]
-
-
-def queue_run(runtime: Runtime, run_id: str) -> None:
-    """Hand the run to the workers. If the broker is down the run stays queued, and a
-    worker's reaper dispatches it later."""
-    try:
-        runtime.queue.send_dispatch(run_id)
-    except Exception:  # broker errors vary by transport
-        log.warning("could not queue run %s now; the reaper will", run_id, exc_info=True)
-
-
-def plausible_id(value: str) -> bool:
-    """An id the database can hold: else it cannot name anything stored (a 404, not a 500)."""
-    return len(value) <= MAX_ID_LENGTH and inputs.text_problem(value) is None
-
-
-def find_run(session: Session, run_id: str, project: str) -> Run | None:
-    """The project's run of this id; None for an unknown run and for another project's."""
-    run = session.get(Run, run_id) if plausible_id(run_id) else None
-    return run if run is not None and run.project == project else None
+Runs = Annotated[RunService, Depends(_service)]
 
 
 def _run_or_404(session: Session, run_id: str, project: str) -> Run:
@@ -102,7 +71,7 @@ def _json_param(name: str, raw: str | None, max_depth: int) -> Any:
         raise HttpError(422, "invalid_request", f"{exc} (query parameter)") from None
 
 
-def _admit(runtime: Runtime, principal: Principal, limiter: Any, dry_run: bool) -> None:
+def _admit(service: RunService, principal: Principal, limiter: Any, dry_run: bool) -> None:
     """Before a byte of the body is read: the key's submission rate, then (for a real run)
     the project's cap on active runs. Runs in a worker thread (Redis, the database)."""
     if limiter is not None:
@@ -124,131 +93,36 @@ def _admit(runtime: Runtime, principal: Principal, limiter: Any, dry_run: bool) 
                 {"Retry-After": str(int(wait))},
             )
     if not dry_run:
-        with runtime.database.session() as session:
-            quotas.check_active_runs(
-                session, principal.project, runtime.settings.max_active_runs_per_project
-            )
-
-
-def _spec_from_payload(
-    runtime: Runtime, payload: Any, project: str, key: str | None
-) -> ingest.RunSpec:
-    settings = runtime.settings
-    if not isinstance(payload, dict) or not isinstance(payload.get("items"), list):
-        raise HttpError(422, "invalid_request", 'body must be an object with an "items" list')
-    unknown = set(payload) - RUN_FIELDS
-    if unknown:
-        names = ", ".join(sorted(name[:40] for name in unknown)[:10])
-        raise HttpError(422, "invalid_request", f"unknown field(s): {names}")
-    return ingest.build_spec(
-        model=payload.get("model"),
-        default_model=settings.default_model,
-        known_models=runtime.models,
-        name=payload.get("name"),
-        scale=payload.get("scale", 1),
-        context=payload.get("context"),
-        context_extractor=payload.get("context_extractor"),
-        project=project,
-        idempotency_key=key,
-        retry_deadline_s=payload.get("retry_deadline_s"),
-        default_retry_deadline=settings.retry_deadline,
-        budget_usd=payload.get("budget_usd"),
-        budget_tokens=payload.get("budget_tokens"),
-        limits=ingest.limits_of(settings),
-        mode=payload.get("mode"),
-        batch_models=judge_models.batch_models(runtime.models),
-    )
-
-
-def _store(
-    runtime: Runtime, spec: ingest.RunSpec, items: Callable[[], Iterable[Any]], count: int
-) -> tuple[dict[str, Any], bool]:
-    """Write the run, or find the one this Idempotency-Key made (also when a concurrent twin
-    stored it first). Runs in a worker thread, on a body already received."""
-    settings = runtime.settings
-
-    def replay(session: Session) -> tuple[dict[str, Any], bool] | None:
-        existing = ingest.find_by_idempotency_key(session, spec)
-        if existing is None:
-            return None
-        ingest.check_same_submission(existing, spec, itertools.repeat(None, count))
-        return runtime.run_view(session, existing), False
-
-    try:
-        with runtime.database.session() as session:
-            if (found := replay(session)) is not None:
-                return found
-            quotas.lock_project(session, spec.project)
-            if (found := replay(session)) is not None:  # a twin committed while we waited
-                return found
-            quotas.check_new_run(
-                session,
-                spec.project,
-                count,
-                settings.max_active_runs_per_project,
-                settings.max_queued_items_per_project,
-            )
-            run = ingest.create_run(session, runtime.runs, spec, items(), settings)
-            session.flush()
-            view = runtime.run_view(session, run)
-        return view, True
-    except ingest.IdempotencyRace:
-        with runtime.database.session() as session:
-            found = replay(session)
-        if found is None:  # the twin was rolled back after all
-            raise HttpError(
-                409, "conflict", "a submission with this Idempotency-Key failed; retry"
-            ) from None
-        return found
-
-
-def _estimate(
-    runtime: Runtime, spec: ingest.RunSpec, items: Callable[[], Iterable[Any]]
-) -> dict[str, Any]:
-    with runtime.database.session() as session:
-        estimate = ingest.estimate_run(session, spec, items(), runtime.settings, runtime.models)
-    return {"dry_run": True, **estimate.as_dict()}
+        service.admit(principal.project)
 
 
 def _submit_json(
-    runtime: Runtime, body: bytes, principal: Principal, key: str | None, dry_run: bool
+    service: RunService, body: bytes, principal: Principal, key: str | None, dry_run: bool
 ) -> tuple[dict[str, Any], bool]:
     try:
-        payload = inputs.loads(body, runtime.settings.max_json_depth)
+        payload = inputs.loads(body, service.settings.max_json_depth)
     except inputs.UnsafeInput as exc:
         raise HttpError(400, "invalid_json", str(exc)) from None
-    spec = _spec_from_payload(runtime, payload, principal.project, key)
-    items: Iterable[Any] = payload["items"]
-    max_item = runtime.settings.max_item_bytes
-    if len(body) > max_item:  # else no item can be over the limit
-        items = list(_within_item_limit(payload["items"], max_item))
+    if not isinstance(payload, dict) or not isinstance(payload.get("items"), list):
+        raise HttpError(422, "invalid_request", 'body must be an object with an "items" list')
+    items = payload.pop("items")
+    spec = service.spec(payload, principal.project, key)
     if dry_run:
-        return _estimate(runtime, spec, lambda: items), False
-    return _store(runtime, spec, lambda: items, len(payload["items"]))
-
-
-def _within_item_limit(items: list[Any], max_bytes: int) -> Iterable[Any]:
-    """A JSON body's items under the same per-item limit as NDJSON lines (413 past it)."""
-    for index, item in enumerate(items):
-        if len(json.dumps(item, ensure_ascii=False).encode()) > max_bytes:
-            raise ingest.SubmissionError(
-                f"item {index}: larger than {max_bytes} bytes", code="item_too_large", status=413
-            )
-        yield item
+        return {"dry_run": True, **service.estimate(spec, items)}, False
+    submitted = service.submit(spec, items)
+    return submitted.view, submitted.created
 
 
 def _submit_ndjson(
-    runtime: Runtime, spec: ingest.RunSpec, upload: SpooledUpload, dry_run: bool
+    service: RunService, spec: ingest.RunSpec, upload: SpooledUpload, dry_run: bool
 ) -> tuple[dict[str, Any], bool]:
-    settings = runtime.settings
-
-    def items() -> Iterable[Any]:
-        lines = upload.lines_read()
-        return ingest.parse_ndjson_lines(lines, settings.max_item_bytes, settings.max_json_depth)
-
+    settings = service.settings
+    lines = upload.lines_read()
+    items = ingest.parse_ndjson_lines(lines, settings.max_item_bytes, settings.max_json_depth)
     if dry_run:
-        return _estimate(runtime, spec, items), False
-    return _store(runtime, spec, items, upload.items)
+        return {"dry_run": True, **service.estimate(spec, items)}, False
+    submitted = service.submit(spec, items)
+    return submitted.view, submitted.created
 
 
 SUBMISSION_BODY = {
@@ -282,7 +156,7 @@ SUBMISSION_BODY = {
 )
 async def create_run(
     request: Request,
-    runtime: Rt,
+    service: Runs,
     principal: Writer,
     idempotency_key: Annotated[
         str | None, Header(max_length=200, description="a retried submission returns its run")
@@ -312,50 +186,42 @@ async def create_run(
 ) -> JSONResponse:
     """Run fields come from the JSON body, or from the query for an NDJSON body (one item a
     line). With `dry_run=true` nothing is created: the answer (200) is an estimate."""
-    settings = runtime.settings
+    settings = service.settings
     key = idempotency_key.strip() if idempotency_key else None
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type not in (NDJSON, "application/json"):  # none: a Blob from another site
         raise HttpError(415, "unsupported_media_type", f"use application/json or {NDJSON}")
     limiter = getattr(request.app.state, "submissions", None)
-    await anyio.to_thread.run_sync(_admit, runtime, principal, limiter, dry_run)
+    await anyio.to_thread.run_sync(_admit, service, principal, limiter, dry_run)
     if content_type == NDJSON:
-        spec = ingest.build_spec(
-            model=model,
-            default_model=settings.default_model,
-            known_models=runtime.models,
-            name=name,
-            scale=scale,
-            context=_json_param("context", context, settings.max_json_depth),
-            context_extractor=_json_param(
+        fields = {
+            "model": model,
+            "name": name,
+            "scale": scale,
+            "context": _json_param("context", context, settings.max_json_depth),
+            "context_extractor": _json_param(
                 "context_extractor", context_extractor, settings.max_json_depth
             ),
-            project=principal.project,
-            idempotency_key=key or None,
-            retry_deadline_s=retry_deadline_s,
-            default_retry_deadline=settings.retry_deadline,
-            budget_usd=budget_usd,
-            budget_tokens=budget_tokens,
-            limits=ingest.limits_of(settings),
-            mode=mode,
-            batch_models=judge_models.batch_models(runtime.models),
-        )
+            "retry_deadline_s": retry_deadline_s,
+            "budget_usd": budget_usd,
+            "budget_tokens": budget_tokens,
+            "mode": mode,
+        }
+        spec = service.spec(fields, principal.project, key)
         upload = await spool_ndjson(request, settings, request.app.state.spool_budget)
         try:
             view, created = await anyio.to_thread.run_sync(
-                _submit_ndjson, runtime, spec, upload, dry_run
+                _submit_ndjson, service, spec, upload, dry_run
             )
         finally:
             upload.close()
     else:
         body = await read_json_body(request, settings.max_json_body_bytes, Pace.of(settings))
         view, created = await anyio.to_thread.run_sync(
-            _submit_json, runtime, body, principal, key or None, dry_run
+            _submit_json, service, body, principal, key or None, dry_run
         )
     if dry_run:
         return JSONResponse(view, status_code=200)
-    if created:
-        await anyio.to_thread.run_sync(queue_run, runtime, view["id"])
     return JSONResponse(view, status_code=202)
 
 
@@ -392,7 +258,7 @@ MetadataField = Annotated[
     responses={200: {"model": schemas.RunsPage}, **errors(401, 422)},
 )
 def list_runs(
-    runtime: Rt,
+    service: Runs,
     project: Project,
     status: RunStatus | None = None,
     name: Annotated[str | None, Query(max_length=200, description="exact run name")] = None,
@@ -409,12 +275,7 @@ def list_runs(
             after = queries.decode_run_cursor(cursor)
         except ValueError:
             raise HttpError(422, "invalid_cursor", "cursor is not one this API returned") from None
-    if name is not None and inputs.text_problem(name) is not None:
-        return {"runs": [], "next_cursor": None}  # no run can have such a name
-    with runtime.database.session() as session:
-        views, next_cursor = queries.list_runs(
-            session, project, status=status, name=name, limit=limit, after=after
-        )
+    views, next_cursor = service.list_runs(project, status, name, limit, after)
     return {"runs": views, "next_cursor": queries.encode_run_cursor(next_cursor)}
 
 
@@ -423,12 +284,10 @@ def list_runs(
     response_model=None,
     responses={200: {"model": schemas.RunView}, **errors(401, 404, 422)},
 )
-def get_run(run_id: str, runtime: Rt, project: Project, by: MetadataField = None) -> dict[str, Any]:
-    with runtime.database.session() as session:
-        view = runtime.run_view(session, _run_or_404(session, run_id, project))
-        if by is not None:
-            view["by_group"] = queries.group_summary(session, run_id, by)
-    return view
+def get_run(
+    run_id: str, service: Runs, project: Project, by: MetadataField = None
+) -> dict[str, Any]:
+    return service.view(run_id, project, by)
 
 
 @router.get(
@@ -437,7 +296,7 @@ def get_run(run_id: str, runtime: Rt, project: Project, by: MetadataField = None
     responses={200: {"model": schemas.Comparison}, **errors(400, 401, 404, 422)},
 )
 def compare_runs(
-    runtime: Rt,
+    service: Runs,
     project: Project,
     base: Annotated[str, Query(max_length=MAX_ID_LENGTH, description="run compared against")],
     candidate: Annotated[str, Query(max_length=MAX_ID_LENGTH, description="the run compared")],
@@ -449,13 +308,10 @@ def compare_runs(
     improved / regressed / unchanged counts, the largest changes with the claims whose
     verdict flipped. 404 when a run is not the caller's; 400 when the runs have different
     scales."""
-    with runtime.database.session() as session:
-        base_run = _run_or_404(session, base, project)
-        candidate_run = _run_or_404(session, candidate, project)
-        try:
-            return queries.compare_runs(session, base_run, candidate_run, by=by, top=top)
-        except queries.IncomparableRuns as exc:
-            raise HttpError(400, "incomparable_runs", str(exc)) from None
+    try:
+        return service.compare(base, candidate, project, by=by, top=top)
+    except queries.IncomparableRuns as exc:
+        raise HttpError(400, "incomparable_runs", str(exc)) from None
 
 
 def _decode_cursor(cursor: str | None) -> int | None:
@@ -591,43 +447,17 @@ async def results(
 # --- actions --------------------------------------------------------------------------------
 
 
-def cancel(runtime: Runtime, run_id: str, project: str) -> None:
-    """Stop a run (this route and the run page's button). When this returns, no judge call
-    for it is in flight and none will start. Raises RunNotFound."""
-    if not plausible_id(run_id):
-        raise RunNotFound(run_id)
-    # Workers see the cancel in the database before their next stage; the gate stops the
-    # calls of stages already past that check, and waits for the calls already sent.
-    if runtime.runs.cancel(run_id, project):
-        runtime.gate.close(run_id)
-        still_open = runtime.gate.wait_idle(run_id, runtime.settings.cancel_wait)
-        if still_open:
-            log.warning("run %s cancelled with %d call(s) still in flight", run_id, still_open)
-
-
-def retry(runtime: Runtime, run_id: str, project: str) -> int:
-    """Re-queue the run's failed items (this route and the run page's button); how many.
-    Raises RunNotFound and RunCancelledError."""
-    if not plausible_id(run_id):
-        raise RunNotFound(run_id)
-    retried = runtime.runs.retry_failed(run_id, project)
-    if retried:
-        queue_run(runtime, run_id)
-    return retried
-
-
 @router.post(
     "/v1/runs/{run_id}/cancel",
     response_model=None,
-    responses={200: {"model": schemas.RunView}, **errors(401, 403, 404, 422)},
+    responses={200: {"model": schemas.CancelledRun}, **errors(401, 403, 404, 422)},
 )
-def cancel_run(run_id: str, runtime: Rt, project: WriteProject) -> dict[str, Any]:
-    """Stop a run. When this returns, no judge call for it is in flight and none will start."""
-    try:
-        cancel(runtime, run_id, project)
-    except RunNotFound:
-        raise not_found(f"run {run_id[:80]}") from None
-    return get_run(run_id, runtime, project)
+def cancel_run(run_id: str, service: Runs, project: WriteProject) -> JSONResponse:
+    """Stop a run. When this returns, no judge call for it is in flight and none will start;
+    with Redis unreachable the run is cancelled all the same (no item starts another stage)
+    and the answer carries `calls_stopped: false`: calls already under way may still end."""
+    cancelled = service.cancel(run_id, project)
+    return JSONResponse({**cancelled.view, "calls_stopped": cancelled.calls_stopped})
 
 
 @router.post(
@@ -636,14 +466,64 @@ def cancel_run(run_id: str, runtime: Rt, project: WriteProject) -> dict[str, Any
     response_model=None,
     responses={202: {"model": schemas.RetriedRun}, **errors(401, 403, 404, 409, 422)},
 )
-def retry_run(run_id: str, runtime: Rt, project: WriteProject) -> JSONResponse:
-    try:
-        retried = retry(runtime, run_id, project)
-    except RunNotFound:
-        raise not_found(f"run {run_id[:80]}") from None
-    except RunCancelledError:
-        raise HttpError(409, "run_cancelled", "a cancelled run cannot be retried") from None
-    return JSONResponse({**get_run(run_id, runtime, project), "retried_items": retried}, 202)
+def retry_run(run_id: str, service: Runs, project: WriteProject) -> JSONResponse:
+    retried = service.retry(run_id, project)
+    return JSONResponse({**service.view(run_id, project), "retried_items": retried}, 202)
+
+
+RESUME_BODY = {
+    "required": False,
+    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ResumeRequest"}}},
+}
+
+
+@router.post(
+    "/v1/runs/{run_id}/resume",
+    status_code=202,
+    response_model=None,
+    responses={
+        202: {"model": schemas.ResumedRun},
+        **errors(400, 401, 403, 404, 409, 413, 422, 503),
+    },
+    openapi_extra={"requestBody": RESUME_BODY},
+)
+async def resume_run(
+    run_id: str, request: Request, service: Runs, project: WriteProject
+) -> JSONResponse:
+    """Continue a cancelled run: its cancelled, unscored items are queued again. A run
+    cancelled at its budget needs a higher one: `{"budget_usd": ...}` or `budget_tokens`
+    (else a 409 `budget_spent`)."""
+    body = await read_json_body(request, RESUME_MAX_BYTES, Pace.of(service.settings))
+    fields: Any = {}
+    if body.strip():
+        try:
+            fields = inputs.loads(body, service.settings.max_json_depth)
+        except inputs.UnsafeInput as exc:
+            raise HttpError(400, "invalid_json", str(exc)) from None
+    if not isinstance(fields, dict) or set(fields) - {"budget_usd", "budget_tokens"}:
+        raise HttpError(
+            422, "invalid_request", "the body may hold budget_usd and budget_tokens only"
+        )
+
+    def resume() -> dict[str, Any]:
+        try:
+            resumed = service.resume(
+                run_id, project, fields.get("budget_usd"), fields.get("budget_tokens")
+            )
+        except RedisError:
+            raise HttpError(
+                503,
+                "unavailable",
+                "the run is running again, but Redis cannot be reached to let its judge calls "
+                "through; retry the resume",
+                {"Retry-After": "10"},
+            ) from None
+        return {**service.view(run_id, project), "resumed_items": resumed}
+
+    return JSONResponse(await anyio.to_thread.run_sync(resume), 202)
+
+
+RESUME_MAX_BYTES = 4096
 
 
 @router.delete(
@@ -652,21 +532,10 @@ def retry_run(run_id: str, runtime: Rt, project: WriteProject) -> JSONResponse:
     response_class=Response,
     responses={204: {"description": "Deleted"}, **errors(401, 403, 404, 409, 422)},
 )
-def delete_run(run_id: str, runtime: Rt, project: AdminProject) -> Response:
+def delete_run(run_id: str, service: Runs, project: AdminProject) -> Response:
     """Remove an ended run with its items and claims (admin keys only). A queued or running
     run is a 409: cancel it first."""
-    try:
-        if not plausible_id(run_id):
-            raise RunNotFound(run_id)
-        runtime.runs.delete(run_id, project)
-    except RunNotFound:
-        raise not_found(f"run {run_id[:80]}") from None
-    except RunActiveError as exc:
-        raise HttpError(409, "run_active", str(exc)) from None
-    try:
-        runtime.gate.forget(run_id)
-    except Exception:  # the run is gone; leftover keys expire on their own
-        log.warning("could not drop the gate state of deleted run %s", run_id, exc_info=True)
+    service.delete(run_id, project)
     return Response(status_code=204)
 
 

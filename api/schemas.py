@@ -133,6 +133,25 @@ class RetriedRun(RunView):
     retried_items: int
 
 
+class CancelledRun(RunView):
+    calls_stopped: bool = Field(
+        description="false when Redis could not be reached: the run is cancelled (no item "
+        "starts another stage) but judge calls already under way may still end"
+    )
+
+
+class ResumeRequest(BaseModel):
+    """Optional: a run cancelled at its budget resumes only with a higher one."""
+
+    model_config = ConfigDict(extra="forbid")
+    budget_usd: float | None = Field(None, gt=0, le=1_000_000)
+    budget_tokens: int | None = Field(None, gt=0, le=10**12)
+
+
+class ResumedRun(RunView):
+    resumed_items: int
+
+
 class ClaimView(_Open):
     index: int
     text: str

@@ -18,7 +18,7 @@ from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from recallq.api_client import ApiError, Client, Run
+    from recallq.client import ApiError, Client, Run
     from recallq.evaluation import evaluate
     from recallq.results import Result
 
@@ -27,9 +27,9 @@ __all__ = ["ApiError", "Client", "Result", "Run", "__version__", "evaluate"]
 _LAZY = {
     "evaluate": "recallq.evaluation",
     "Result": "recallq.results",
-    "Client": "recallq.api_client",
-    "Run": "recallq.api_client",
-    "ApiError": "recallq.api_client",
+    "Client": "recallq.client",
+    "Run": "recallq.client",
+    "ApiError": "recallq.client",
 }
 
 

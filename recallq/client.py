@@ -1,411 +1,339 @@
-"""The CLI's client commands: submit, runs, status, results, compare, gate, cancel, retry and
-resume.
+"""`recallq.Client`: the HTTP API from Python (scripts, notebooks, the CLI's client commands).
 
-They talk to the API when one is configured (`--api URL` or RECALLQ_API_URL, with
-RECALLQ_API_KEY as its bearer key) and otherwise to the local database (RECALLQ_DATABASE_URL,
-by default the SQLite file `recallq run` writes), so runs scored locally can be listed,
-compared and gated the same way. `submit` always needs an API (by default on 127.0.0.1:8000).
+Synchronous (httpx), so it runs the same in a script, a worker thread or a Jupyter cell, where
+an event loop is already running. Every request carries `Authorization: Bearer <api_key>`
+when a key is given (by default RECALLQ_API_KEY).
+
+    client = recallq.Client("http://127.0.0.1:8000")
+    run = client.submit("data.jsonl", model="gpt-4o-mini")
+    run.wait()
+    frame = run.to_pandas()
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import sys
-from collections.abc import Iterable, Iterator
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+import time
+from collections.abc import Iterator
+from types import TracebackType
+from typing import IO, Any
 from urllib.parse import quote
 
-from recallq import display, gates
-from recallq.api_client import Client
-from recallq.display import database_label
-from recallq.gates import CommandError, Exit
-from recallq.settings import Settings
+import httpx
 
-if TYPE_CHECKING:
-    from recallq.db import Database
+from recallq import display
+from recallq.results import claims_frame, items_frame
+from recallq.status import RUN_ENDED
 
-DEFAULT_API_URL = "http://127.0.0.1:8000"
-PROJECT = "default"  # the local database's one project
+NDJSON = "application/x-ndjson"
+#: Run statuses after which nothing changes by itself.
+ENDED = RUN_ENDED
 
-
-class Backend(Protocol):
-    """Where the client commands find runs: the API, or the local database."""
-
-    def runs(self, status: str | None, name: str | None, limit: int) -> list[dict[str, Any]]: ...
-
-    def view(self, run_id: str, by: str | None = None) -> dict[str, Any]: ...
-
-    def results(self, run_id: str, format: str, item_data: bool) -> Iterator[bytes]: ...
-
-    def compare(self, base: str, candidate: str, by: str | None) -> dict[str, Any]: ...
-
-    def item(self, run_id: str, item_id: str) -> dict[str, Any]: ...
-
-    def cancel(self, run_id: str) -> dict[str, Any]: ...
-
-    def agreement(self, run_id: str) -> dict[str, Any]: ...
-
-    def close(self) -> None: ...
+#: How long a refused connection is tried again: an API started a moment ago in the same
+#: script (`recallq api &` and then `recallq submit`) takes a second or two to listen.
+CONNECT_PATIENCE_S = 10.0
 
 
-class ApiBackend:
-    def __init__(self, client: Client) -> None:
-        self.client = client
+class _PatientTransport(httpx.HTTPTransport):
+    """Tries a refused connection again until CONNECT_PATIENCE_S has passed. Nothing of the
+    request has been sent when the connection is refused, so even a streamed body is safe."""
 
-    def runs(self, status: str | None, name: str | None, limit: int) -> list[dict[str, Any]]:
-        return [run.view for run in self.client.runs(status=status, name=name, limit=limit)]
-
-    def view(self, run_id: str, by: str | None = None) -> dict[str, Any]:
-        return self.client.get(f"/v1/runs/{run_id}", {"by": by})
-
-    def results(self, run_id: str, format: str, item_data: bool) -> Iterator[bytes]:
-        params = {"format": format, "item_data": "true" if item_data else "false"}
-        return self.client.stream(f"/v1/runs/{run_id}/results", params)
-
-    def compare(self, base: str, candidate: str, by: str | None) -> dict[str, Any]:
-        return self.client.compare(base, candidate, by=by)
-
-    def item(self, run_id: str, item_id: str) -> dict[str, Any]:
-        return self.client.get(f"/v1/runs/{run_id}/items/{quote(item_id, safe='')}")
-
-    def cancel(self, run_id: str) -> dict[str, Any]:
-        return self.client.post(f"/v1/runs/{run_id}/cancel")
-
-    def agreement(self, run_id: str) -> dict[str, Any]:
-        return self.client.get(f"/v1/runs/{run_id}/agreement")
-
-    def close(self) -> None:
-        self.client.close()
+    def handle_request(self, request: httpx.Request) -> httpx.Response:
+        deadline = time.monotonic() + CONNECT_PATIENCE_S
+        while True:
+            try:
+                return super().handle_request(request)
+            except httpx.ConnectError:
+                if time.monotonic() >= deadline:
+                    raise
+                time.sleep(0.25)
 
 
-class LocalBackend:
-    def __init__(self, settings: Settings, database: Database | None = None) -> None:
-        from recallq.local_commands import open_local_database
+class ApiError(Exception):
+    """An error answer of the API: its HTTP status and the body's error code and message."""
 
-        self.settings = settings
-        self.database = database or open_local_database(settings)
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(f"{status} {code}: {message}")
+        self.status, self.code, self.message = status, code, message
 
-    def _run(self, session: Any, run_id: str) -> Any:
-        from recallq.tables import Run
 
-        run = session.get(Run, run_id)
-        if run is None or run.project != PROJECT:
-            raise CommandError(
-                f"run {run_id} not found in the local database "
-                f"{database_label(self.settings.database_url)} (a run of a service: pass "
-                "--api URL or set RECALLQ_API_URL)"
-            )
+def base_url(url: str) -> str:
+    """The API's root: a trailing slash or `/v1` (as people copy it from the routes) is
+    dropped, so `http://host:8000/v1/` and `http://host:8000` are the same API."""
+    url = url.strip().rstrip("/")
+    return url.removesuffix("/v1").rstrip("/")
+
+
+def _raise_for(response: httpx.Response) -> None:
+    if response.is_success:
+        return
+    response.read()
+    try:
+        error = response.json()["error"]
+        code, message = str(error["code"]), str(error["message"])
+    except (ValueError, KeyError, TypeError):
+        code, message = "http_error", response.text[:300].strip() or response.reason_phrase
+    raise ApiError(response.status_code, code, message)
+
+
+class Client:
+    """The recallq HTTP API at `api_url` (e.g. `http://127.0.0.1:8000`)."""
+
+    def __init__(self, api_url: str, api_key: str | None = None, *, timeout: float = 60.0) -> None:
+        if api_key is None:
+            from recallq.settings import read_settings  # pydantic-settings only when needed
+
+            api_key = read_settings().api_key  # a library entry point: the documented default
+        self.api_url = base_url(api_url)
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self._http = httpx.Client(
+            base_url=self.api_url,
+            headers=headers,
+            timeout=httpx.Timeout(timeout, read=max(timeout, 600.0)),
+            transport=_PatientTransport(),
+        )
+
+    # --- runs ---------------------------------------------------------------------------------
+
+    def submit(
+        self,
+        data: Any,
+        model: str | None = None,
+        *,
+        name: str | None = None,
+        scale: float | None = None,
+        context: list[str] | str | None = None,
+        context_extractor: dict[str, Any] | None = None,
+        mapping: dict[str, str] | None = None,
+        idempotency_key: str | None = None,
+        progress: bool = False,
+        mode: str | None = None,
+        retry_deadline_s: float | None = None,
+    ) -> Run:
+        """Send a dataset as a new run; returns it as soon as the API stored it.
+
+        `data` is what `recallq.evaluate` takes (a path, a list of dicts, a DataFrame); it is
+        read here, field aliases and `mapping` applied, and streamed as NDJSON, so a file of
+        any size is sent in constant memory. An error in the data raises
+        recallq.dataset.DatasetError, naming the file and line.
+        """
+        from os import PathLike
+        from pathlib import Path
+
+        from recallq import dataset
+
+        if name is None and isinstance(data, str | PathLike):
+            name = Path(data).name
+        params: dict[str, Any] = {
+            "model": model,
+            "name": name,
+            "scale": scale,
+            "mode": mode,
+            "retry_deadline_s": retry_deadline_s,
+        }
+        if context is not None:
+            params["context"] = json.dumps(context)
+        if context_extractor is not None:
+            params["context_extractor"] = json.dumps(context_extractor)
+        params = {key: value for key, value in params.items() if value is not None}
+        items = dataset.items_from(data, mapping=mapping)
+        headers = {"Content-Type": NDJSON}
+        if idempotency_key:
+            headers["Idempotency-Key"] = idempotency_key
+        response = self._http.post(
+            "/v1/runs", params=params, content=_ndjson(items, progress), headers=headers
+        )
+        _raise_for(response)
+        view = response.json()
+        return Run(self, view["id"], view)
+
+    def run(self, run_id: str) -> Run:
+        """A run by id (fetched now: an unknown id raises ApiError 404)."""
+        run = Run(self, run_id)
+        run.status()
         return run
 
-    def runs(self, status: str | None, name: str | None, limit: int) -> list[dict[str, Any]]:
-        from recallq import queries
-
-        with self.database.session() as session:
-            views, _ = queries.list_runs(session, PROJECT, status=status, name=name, limit=limit)
-        return views
-
-    def view(self, run_id: str, by: str | None = None) -> dict[str, Any]:
-        from recallq import queries
-
-        with self.database.session() as session:
-            view = queries.run_view(session, self._run(session, run_id))
-            if by is not None:
-                view["by_group"] = queries.group_summary(session, run_id, by)
-        return view
-
-    def results(self, run_id: str, format: str, item_data: bool) -> Iterator[bytes]:
-        from recallq import export, queries
-
-        with self.database.session() as session:
-            self._run(session, run_id)
-        with self.database.session() as session:
-            results = queries.iter_results(session, run_id, item_data=item_data)
-            for line in export.lines(results, format):
-                yield line.encode()
-
-    def compare(self, base: str, candidate: str, by: str | None) -> dict[str, Any]:
-        from recallq import queries
-
-        with self.database.session() as session:
-            base_run, candidate_run = self._run(session, base), self._run(session, candidate)
-            try:
-                return queries.compare_runs(session, base_run, candidate_run, by)
-            except queries.IncomparableRuns as exc:
-                raise CommandError(str(exc)) from None
-
-    def item(self, run_id: str, item_id: str) -> dict[str, Any]:
-        from recallq import queries
-
-        with self.database.session() as session:
-            self._run(session, run_id)
-            found = queries.get_item(session, run_id, item_id)
-        if found is None:
-            raise CommandError(f"item {item_id} not found in run {run_id}")
+    def runs(
+        self, status: str | None = None, name: str | None = None, limit: int | None = None
+    ) -> list[Run]:
+        """The project's runs, newest first (all of them, or the first `limit`)."""
+        found: list[Run] = []
+        cursor: str | None = None
+        while limit is None or len(found) < limit:
+            page_size = 100 if limit is None else min(100, limit - len(found))
+            params = {"status": status, "name": name, "limit": page_size, "cursor": cursor}
+            page = self.get("/v1/runs", params)
+            found += [Run(self, view["id"], view) for view in page["runs"]]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
         return found
 
-    def cancel(self, run_id: str) -> dict[str, Any]:
-        from recallq.store import stores_for
+    def compare(
+        self, base: Run | str, candidate: Run | str, by: str | None = None, top: int = 10
+    ) -> dict[str, Any]:
+        """`candidate` against `base`, items paired by id (the body of GET /v1/compare)."""
+        params = {"base": _run_id(base), "candidate": _run_id(candidate), "by": by, "top": top}
+        return self.get("/v1/compare", params)
 
-        _, runs = stores_for(self.database, self.settings)
-        runs.cancel(run_id, PROJECT)
-        return self.view(run_id)
+    # --- plumbing -------------------------------------------------------------------------
 
-    def agreement(self, run_id: str) -> dict[str, Any]:
-        from recallq import labels
+    def get(self, path: str, params: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The JSON object a GET answers (every route answers an object)."""
+        response = self._http.get(path, params=_present(params))
+        _raise_for(response)
+        body: dict[str, Any] = response.json()
+        return body
 
-        with self.database.session() as session:
-            return labels.agreement_view(session, self._run(session, run_id))
+    def post(self, path: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        response = self._http.post(path, json=body) if body else self._http.post(path)
+        _raise_for(response)
+        answer: dict[str, Any] = response.json()
+        return answer
+
+    def send(self, method: str, path: str, **request: Any) -> httpx.Response:
+        """Any request (a body, another method), its error answer raised as ApiError."""
+        response = self._http.request(method, path, **request)
+        _raise_for(response)
+        return response
+
+    def delete_run(self, run_id: str) -> None:
+        """Remove an ended run with its items and claims (an admin key)."""
+        _raise_for(self._http.delete(f"/v1/runs/{quote(run_id, safe='')}"))
+
+    def stream(self, path: str, params: dict[str, Any] | None = None) -> Iterator[bytes]:
+        """The body of a GET, chunk by chunk (results of any size)."""
+        with self._http.stream("GET", path, params=_present(params)) as response:
+            _raise_for(response)
+            yield from response.iter_bytes()
 
     def close(self) -> None:
-        self.database.dispose()
+        self._http.close()
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client({self.api_url!r})"
 
 
-def api_url(args: argparse.Namespace, settings: Settings) -> str | None:
-    """The API these commands talk to: --api, else RECALLQ_API_URL, else none (local)."""
-    url: str | None = getattr(args, "api", None) or settings.api_url
-    return url
+class Run:
+    """A run on the service. `view` is the run object as last fetched."""
+
+    def __init__(self, client: Client, run_id: str, view: dict[str, Any] | None = None) -> None:
+        self.client, self.id = client, run_id
+        self.view: dict[str, Any] = view or {}
+
+    def status(self) -> dict[str, Any]:
+        """The run object now (status, counts, summary, usage, ...)."""
+        self.view = self.client.get(f"/v1/runs/{self.id}")
+        return self.view
+
+    def wait(
+        self,
+        progress: bool = True,
+        poll: float = 1.0,
+        timeout: float | None = None,
+        stream: IO[str] | None = None,
+    ) -> dict[str, Any]:
+        """Poll until the run has ended (completed or cancelled); returns its run object. With
+        `progress`, a line on stderr says how far it is (and when it is paused, why)."""
+        out = stream or sys.stderr
+        deadline = None if timeout is None else time.monotonic() + timeout
+        shown = 0
+        while True:
+            view = self.status()
+            if progress:
+                # padded over the previous line: no terminal escapes, which notebooks show raw
+                line = display.progress_line(view)
+                print(f"\r{line:<{shown}}", end="", file=out, flush=True)
+                shown = len(line)
+            if view["status"] in ENDED:
+                if progress:
+                    print(file=out)
+                return view
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"run {self.id} has not ended: {display.progress_line(view)}")
+            time.sleep(poll)
+
+    def items(
+        self, status: str | None = None, item_data: bool = True, page_size: int = 100
+    ) -> Iterator[dict[str, Any]]:
+        """The run's items with their claims, in index order, fetched a page at a time."""
+        cursor: str | None = None
+        while True:
+            params = {"status": status, "limit": page_size, "cursor": cursor}
+            params["item_data"] = "true" if item_data else "false"
+            page = self.client.get(f"/v1/runs/{self.id}/items", params)
+            yield from page["items"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                return
+
+    def results(self, item_data: bool = True) -> Iterator[dict[str, Any]]:
+        """Every item with its claims, streamed in one response (faster than items())."""
+        params = {"format": "jsonl", "item_data": "true" if item_data else "false"}
+        buffer = b""
+        for chunk in self.client.stream(f"/v1/runs/{self.id}/results", params):
+            buffer += chunk
+            *lines, buffer = buffer.split(b"\n")
+            for line in lines:
+                if line.strip():
+                    yield json.loads(line)
+        if buffer.strip():
+            yield json.loads(buffer)
+
+    def to_pandas(self, item_data: bool = True) -> Any:
+        """A DataFrame with one row per item (the columns of Result.to_pandas)."""
+        return items_frame(self.results(item_data), item_data)
+
+    def claims_to_pandas(self) -> Any:
+        """A DataFrame with one row per claim."""
+        return claims_frame(self.results(item_data=False))
+
+    def cancel(self) -> dict[str, Any]:
+        self.view = self.client.post(f"/v1/runs/{self.id}/cancel")
+        return self.view
+
+    def retry(self) -> dict[str, Any]:
+        """Re-queue the run's failed items."""
+        self.view = self.client.post(f"/v1/runs/{self.id}/retry")
+        return self.view
+
+    def __repr__(self) -> str:
+        status = self.view.get("status", "?")
+        return f"Run(id={self.id!r}, status={status!r})"
 
 
-def open_backend(args: argparse.Namespace) -> Backend:
-    settings = Settings()
-    url = api_url(args, settings)
-    if url:
-        return ApiBackend(Client(url, settings.api_key))
-    return LocalBackend(settings)
+def _run_id(run: Run | str) -> str:
+    return run.id if isinstance(run, Run) else run
 
 
-def _print_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, ensure_ascii=False))
+def _present(params: dict[str, Any] | None) -> dict[str, Any]:
+    return {key: value for key, value in (params or {}).items() if value is not None}
 
 
-# --- commands --------------------------------------------------------------------------------
+def _ndjson(items: Iterator[dict[str, Any]], progress: bool) -> Iterator[bytes]:
+    """Items as NDJSON, a batch of lines per chunk."""
+    from tqdm import tqdm
 
-
-def submit(args: argparse.Namespace) -> int:
-    """Send a file to the API as a new run; with --wait, poll until it ends and exit as
-    `recallq run` does (run id on stderr, the final run object on stdout)."""
-    from recallq import dataset
-
-    if not args.file.exists():
-        raise CommandError(f"no such file: {args.file}")
-    if args.file.is_dir():
-        raise CommandError(f"{args.file} is a directory, not a dataset file")
-    mapping = dataset.parse_mapping(args.map or [])
-    settings = Settings()
-    with Client(api_url(args, settings) or DEFAULT_API_URL, settings.api_key) as client:
-        run = client.submit(
-            args.file,
-            model=args.model,
-            name=args.name,
-            scale=args.scale,
-            context=args.context,
-            context_extractor=args.context_extractor,
-            mapping=mapping,
-            progress=not args.quiet,
-            mode="batch" if args.batch else None,
-        )
-        if not args.wait:
-            print(run.id)
-            return Exit.OK
-        print(f"recallq: run {run.id}", file=sys.stderr)
-        try:
-            view = run.wait(progress=not args.quiet)
-        except KeyboardInterrupt:
-            print(
-                f"\nrecallq: stopped waiting; run {run.id} goes on on the service "
-                f"(recallq status {run.id})",
-                file=sys.stderr,
-            )
-            return Exit.INTERRUPTED
-    _print_json(view)
-    thresholds = gates.Gate.of(args)
-    code, reasons = gates.exit_code(view, thresholds)
-    for reason in reasons:
-        print(f"recallq: {reason}", file=sys.stderr)
-    if code == Exit.OK and (thresholds.min_score is not None or thresholds.max_failed is not None):
-        print(gates.passed_line(view, thresholds), file=sys.stderr)
-    return code
-
-
-def runs(args: argparse.Namespace) -> int:
-    backend = open_backend(args)
-    try:
-        views = backend.runs(args.status, args.name, args.limit)
-    finally:
-        backend.close()
-    if args.json:
-        _print_json(views)
-    else:
-        for line in display.runs_table(views):
-            print(line)
-    return Exit.OK
-
-
-def status(args: argparse.Namespace) -> int:
-    backend = open_backend(args)
-    try:
-        view = backend.view(args.run_id, args.by)
-    finally:
-        backend.close()
-    if args.json:
-        _print_json(view)
-        return Exit.OK
-    lines = display.summary_lines(
-        view, title="recallq status", by=args.by, groups=view.get("by_group")
-    )
-    for line in lines:
-        print(line)
-    return Exit.OK
-
-
-def results(args: argparse.Namespace) -> int:
-    backend = open_backend(args)
-    out = args.out.open("wb") if args.out else sys.stdout.buffer
-    try:
-        for chunk in backend.results(args.run_id, args.format, not args.no_item_data):
-            out.write(chunk)
-        out.flush()  # here, where a closed pipe is caught, not at interpreter exit
-    finally:
-        backend.close()
-        if args.out:
-            out.close()
-    return Exit.OK
-
-
-def compare(args: argparse.Namespace) -> int:
-    backend = open_backend(args)
-    try:
-        result = backend.compare(args.base, args.candidate, args.by)
-    finally:
-        backend.close()
-    if args.json:
-        _print_json(result)
-    else:
-        for line in display.compare_lines(result):
-            print(line)
-    return Exit.OK
-
-
-def report(args: argparse.Namespace) -> int:
-    """Write a run's self-contained HTML report (with --compare, against that run as base)."""
-    backend = open_backend(args)
-    try:
-        path = write_report(backend, args.run_id, args.out, base=args.compare, lowest=args.lowest)
-    finally:
-        backend.close()
-    print(f"recallq: report written to {path} (one file; open it in a browser, no server needed)")
-    return Exit.OK
-
-
-def write_report(
-    backend: Backend, run_id: str, out: Path | None, *, base: str | None, lowest: int
-) -> Path:
-    """Gather what a report shows through `backend` (the API or the local database: the same
-    answers as `recallq status` and `recallq compare`) and write it to `out`."""
-    import heapq
-
-    from recallq.viewer import report as html_report
-
-    target = out or Path(f"recallq-report-{run_id}.html")
-    if not target.parent.is_dir():
-        raise CommandError(f"cannot write {target}: {target.parent} is not a directory")
-    view = backend.view(run_id)
-    comparison = backend.compare(base, run_id, None) if base is not None else None
-    # Scores come from the results stream without item data (one pass, even over a 100k-item
-    # run); only the items shown are then read in full.
-    scores = _scores(backend, run_id)
-    picked = heapq.nsmallest(lowest, ((s, i, key) for key, (i, s) in scores.items()))
-    items = [backend.item(run_id, key) for _, _, key in picked]
-    pairs: list[tuple[str, float, float]] = []
-    if base is not None:
-        base_scores = _scores(backend, base)
-        pairs = [
-            (key, base_scores[key][1], score)
-            for key, (_, score) in scores.items()
-            if key in base_scores
-        ]
-    agreement = backend.agreement(run_id)
-    page = html_report.render(view, items, comparison, pairs, agreement=agreement)
-    partial = target.with_name(target.name + ".partial")
-    partial.write_text(page, encoding="utf-8")
-    partial.replace(target)
-    return target
-
-
-def _scores(backend: Backend, run_id: str) -> dict[str, tuple[int, float]]:
-    """Item id -> (index, score) of a run's scored items."""
-    scores = {}
-    for line in _lines(backend.results(run_id, "jsonl", item_data=False)):
-        item = json.loads(line)
-        if item["score"] is not None:
-            scores[item["id"]] = (item["index"], item["score"])
-    return scores
-
-
-def _lines(chunks: Iterable[bytes]) -> Iterator[bytes]:
-    """The non-blank lines of a stream whose chunks end anywhere."""
-    rest = b""
-    for chunk in chunks:
-        *lines, rest = (rest + chunk).split(b"\n")
-        yield from (line for line in lines if line.strip())
-    if rest.strip():
-        yield rest
-
-
-def gate(args: argparse.Namespace) -> int:
-    """Exit 0 when the run passes, 1 (saying which threshold it missed) when it does not."""
-    backend = open_backend(args)
-    try:
-        view = backend.view(args.run_id)
-    finally:
-        backend.close()
-    thresholds = gates.Gate.of(args)
-    code, reasons = gates.exit_code(view, thresholds)
-    for reason in reasons:
-        print(f"recallq: gate failed: {reason}", file=sys.stderr)
-    if code == Exit.OK:
-        print(gates.passed_line(view, thresholds))
-    return code
-
-
-def cancel(args: argparse.Namespace) -> int:
-    backend = open_backend(args)
-    try:
-        _print_json(backend.cancel(args.run_id))
-    finally:
-        backend.close()
-    return Exit.OK
-
-
-def retry(args: argparse.Namespace) -> int:
-    """Re-queue failed items: on the service, or scored here for a local run."""
-    settings = Settings()
-    url = api_url(args, settings)
-    if url is None:
-        from recallq.local_commands import continue_run
-
-        return continue_run(args, settings, "retry")
-    with Client(url, settings.api_key) as client:
-        _print_json(client.post(f"/v1/runs/{args.run_id}/retry"))
-    return Exit.OK
-
-
-def resume(args: argparse.Namespace) -> int:
-    """Continue a local run that was interrupted (the same as running its command again)."""
-    settings = Settings()
-    if api_url(args, settings) is not None:
-        raise CommandError(
-            "resume continues an interrupted local run; a service run goes on by itself "
-            "(its workers pick up lost work), and `recallq retry RUN` re-queues failed items"
-        )
-    from recallq.local_commands import continue_run
-
-    return continue_run(args, settings, "resume")
-
-
-def quiet_broken_pipe() -> None:
-    """stdout went away (`| head`): end quietly."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    with tqdm(unit="item", desc="upload", file=sys.stderr, disable=not progress) as bar:
+        batch: list[str] = []
+        for item in items:
+            batch.append(json.dumps(item, ensure_ascii=False))
+            if len(batch) >= 500:
+                bar.update(len(batch))
+                yield ("\n".join(batch) + "\n").encode()
+                batch = []
+        if batch:
+            bar.update(len(batch))
+            yield ("\n".join(batch) + "\n").encode()

@@ -44,8 +44,8 @@ def evaluate(
     input it cannot use, before any judge call. On KeyboardInterrupt the run is kept, and
     `recallq resume RUN` continues it.
     """
-    from recallq import dataset, ingest, local, migrate, queries
-    from recallq.settings import Settings
+    from recallq import dataset, local, migrate, queries, runs
+    from recallq.settings import read_settings
 
     unknown = set(run_fields) - set(RUN_FIELDS)
     if unknown:
@@ -53,7 +53,8 @@ def evaluate(
             f"evaluate() got unknown run field(s) {', '.join(sorted(unknown))}; "
             f"run fields are {', '.join(RUN_FIELDS)}"
         )
-    settings = Settings() if database_url is None else Settings(database_url=database_url)
+    # a library entry point: this call's settings, read here and passed down
+    settings = read_settings() if database_url is None else read_settings(database_url=database_url)
     runtime, runner = local.local_runtime(
         settings, concurrency or local.default_concurrency(settings, model)
     )
@@ -62,16 +63,8 @@ def evaluate(
         name = run_fields.get("name")
         if name is None and isinstance(data, str | PathLike):
             name = Path(data).name
-        spec = ingest.build_spec(
-            model=model,
-            known_models=runtime.models,
-            name=name,
-            scale=run_fields.get("scale", 1),
-            context=run_fields.get("context"),
-            context_extractor=run_fields.get("context_extractor"),
-            retry_deadline_s=run_fields.get("retry_deadline_s"),
-            default_retry_deadline=settings.retry_deadline,
-        )
+        fields = {**run_fields, "model": model, "name": name}
+        spec = runs.RunService(runtime, local=True).spec(fields, local.PROJECT)
         migrate.upgrade(settings.database_url)
         run_id = local.create_run(runtime, spec, dataset.items_from(data, mapping=mapping))
         if model != LEXICAL:

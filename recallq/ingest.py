@@ -7,8 +7,10 @@ submission leaves nothing behind.
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -158,6 +160,13 @@ def _mode(value: Any, model: str, batch_models: Iterable[str]) -> RunMode:
     return RunMode(value)
 
 
+def check_budget(budget_usd: Any, budget_tokens: Any) -> tuple[float | None, int | None]:
+    """A run's budget fields, checked (ValueError naming the field)."""
+    usd = _budget(budget_usd, "budget_usd", MAX_BUDGET_USD, integral=False)
+    tokens = _budget(budget_tokens, "budget_tokens", MAX_BUDGET_TOKENS, integral=True)
+    return usd, None if tokens is None else int(tokens)
+
+
 def _budget(value: Any, name: str, most: float, integral: bool) -> float | None:
     """A run's spending limit: None, or a positive finite number (a whole one for tokens)."""
     if value is None:
@@ -237,6 +246,13 @@ def find_by_idempotency_key(session: Session, spec: RunSpec) -> Run | None:
 def check_same_submission(run: Run, spec: RunSpec, items: Iterable[Any]) -> None:
     """A retried submission must be the one its Idempotency-Key first made: the same run
     fields and as many items (read through, not stored); else a 422."""
+    differs = _differing_fields(run, spec)
+    if not differs and sum(1 for _ in items) != run.total_items:
+        differs.append("number of items")
+    _refuse_reuse(differs)
+
+
+def _differing_fields(run: Run, spec: RunSpec) -> list[str]:
     fields = {
         "model": (run.model, spec.model),
         "name": (run.name, spec.name),
@@ -248,9 +264,10 @@ def check_same_submission(run: Run, spec: RunSpec, items: Iterable[Any]) -> None
         "budget_usd": (run.budget_usd, spec.budget_usd),
         "budget_tokens": (run.budget_tokens, spec.budget_tokens),
     }
-    differs = [name for name, (stored, sent) in fields.items() if stored != sent]
-    if not differs and sum(1 for _ in items) != run.total_items:
-        differs.append("number of items")
+    return [name for name, (stored, sent) in fields.items() if stored != sent]
+
+
+def _refuse_reuse(differs: list[str]) -> None:
     if differs:
         raise SubmissionError(
             "this Idempotency-Key was used for a different submission "
@@ -279,18 +296,30 @@ def create_run(
         budget_usd=spec.budget_usd,
         budget_tokens=spec.budget_tokens,
     )
-    rows = ItemRows(items, spec, settings.max_items_per_run)
+    rows = ItemRows(items, spec, settings.max_items_per_run, max_item_bytes=settings.max_item_bytes)
+    checked = rows if not isinstance(items, CheckedRows) else items
     try:
-        run.total_items = runs.create(session, run, rows)
+        run.total_items = runs.create(session, run, checked)
     except IntegrityError as exc:
         if _is_idempotency_conflict(exc):
             raise IdempotencyRace from exc
         raise _duplicate_id(exc) from exc
-    _check_rows(rows)
+    if checked is rows:
+        check_rows(rows)
     return run
 
 
-def _check_rows(rows: ItemRows) -> None:
+class CheckedRows(Iterable[dict[str, Any]]):
+    """Item rows that went through ItemRows and check_rows already (recallq.runs)."""
+
+    def __init__(self, rows: Iterable[dict[str, Any]]) -> None:
+        self._rows = rows
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return iter(self._rows)
+
+
+def check_rows(rows: ItemRows) -> None:
     """After every row went through: the run is not empty and some item has a context."""
     if rows.count == 0:
         raise SubmissionError("the run has no items", code="empty_run")
@@ -314,10 +343,24 @@ def estimate_run(
     does (the same 4xx for the same problems); nothing is written. Claims the project's claim
     cache holds count as hits: no extraction call; online extractions are packed as the
     engine packs them, batch requests priced at the batch price."""
+    rows = ItemRows(items, spec, settings.max_items_per_run, max_item_bytes=settings.max_item_bytes)
+    result = estimate_checked(session, spec, rows, settings, models, batch)
+    check_rows(rows)
+    return result
+
+
+def estimate_checked(
+    session: Session,
+    spec: RunSpec,
+    rows: Iterable[dict[str, Any]],
+    settings: Settings,
+    models: Mapping[str, ModelConfig],
+    batch: int = 1000,
+) -> estimate.Estimate:
+    """estimate_run of item rows already checked."""
     estimator = estimate.estimator_for(
         spec.model, models, settings.extraction_pack, settings.extraction_pack_tokens, spec.mode
     )
-    rows = ItemRows(items, spec, settings.max_items_per_run)
     pending: list[dict[str, Any]] = []
 
     def add(pending: list[dict[str, Any]]) -> None:
@@ -337,29 +380,88 @@ def estimate_run(
             add(pending)
             pending = []
     add(pending)
-    _check_rows(rows)
     return estimator.result()
 
 
 class ItemRows:
-    """The rows of a submission's items, checked one by one as they stream through."""
+    """The rows of a submission's items, checked one by one as they stream through: at most
+    `max_items`, each at most `max_item_bytes` as JSON, ids unique, and the run's context
+    extractor within `context_extractor_budget` seconds for the whole submission."""
 
     count = 0
 
-    def __init__(self, items: Iterable[Any], spec: RunSpec, max_items: int) -> None:
+    def __init__(
+        self,
+        items: Iterable[Any],
+        spec: RunSpec,
+        max_items: int,
+        *,
+        max_item_bytes: int | None = None,
+        context_extractor_budget: float | None = None,
+    ) -> None:
         self._items, self._spec, self._max = items, spec, max_items
+        self._max_bytes, self._budget = max_item_bytes, context_extractor_budget
         self.any_resolvable = False
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
-        for index, raw in enumerate(self._items):
+        seen: set[str] = set()
+        timed = self._spec.context_extractor is not None and self._budget is not None
+        spent = 0.0
+        for index, raw in enumerate(_as_submission_errors(self._items)):
             if index >= self._max:
                 raise SubmissionError(
                     f"a run holds at most {self._max} items", code="too_many_items", status=413
                 )
+            if self._max_bytes is not None:
+                _check_item_size(raw, index, self._max_bytes)
+            started = time.monotonic() if timed else 0.0
             row, resolvable = item_row(raw, index, self._spec)
+            if timed:
+                spent += time.monotonic() - started
+                if self._budget is not None and spent > self._budget:
+                    raise SubmissionError(
+                        f"the context_extractor took more than {self._budget:g} s for the "
+                        f"first {index + 1} items, the limit for one submission: use a "
+                        "simpler expression, send fewer items at once, or give items their "
+                        "context",
+                        code="context_extractor_too_slow",
+                    )
+            if row["key"] in seen:
+                raise SubmissionError(
+                    f"item ids must be unique within a run: {row['key']!r} appears twice",
+                    code="duplicate_id",
+                )
+            seen.add(row["key"])
             self.any_resolvable = self.any_resolvable or resolvable
             self.count = index + 1
             yield row
+
+
+def _as_submission_errors(items: Iterable[Any]) -> Iterator[Any]:
+    """The items, a reader's DatasetError (a file or frame read lazily) raised as the
+    SubmissionError the service answers for the same problem."""
+    iterator = iter(items)
+    while True:
+        try:
+            raw = next(iterator)
+        except StopIteration:
+            return
+        except dataset.DatasetError as exc:
+            raise SubmissionError(str(exc)) from exc
+        yield raw
+
+
+def _check_item_size(raw: Any, index: int, max_bytes: int) -> None:
+    """An item under the per-item limit, as JSON (413 past it): the API's NDJSON lines and
+    JSON bodies, files scored locally and `recallq.evaluate` alike."""
+    try:
+        size = len(json.dumps(raw, ensure_ascii=False, default=str).encode())
+    except (TypeError, ValueError):
+        return  # not JSON-shaped: item_row says what is wrong with it
+    if size > max_bytes:
+        raise SubmissionError(
+            f"item {index}: larger than {max_bytes} bytes", code="item_too_large", status=413
+        )
 
 
 def _is_idempotency_conflict(exc: IntegrityError) -> bool:

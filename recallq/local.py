@@ -32,6 +32,7 @@ from recallq import dataset, display, ingest, queries
 from recallq.engine import Engine
 from recallq.outcomes import Taken
 from recallq.redact import install_log_redaction
+from recallq.runs import RunService
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.status import PUBLIC_ITEM_ENDED, RUN_ENDED, PublicItemStatus, RunStatus
@@ -41,6 +42,8 @@ log = logging.getLogger(__name__)
 
 #: Longest pause between two progress polls of a local run.
 POLL_MAX_SECONDS = 0.5
+#: The local database's one project.
+PROJECT = "default"
 #: Idempotency keys of local runs of a file start with this (API keys are the client's own).
 RUN_KEY_PREFIX = "local-run:"
 
@@ -205,8 +208,8 @@ class Opened:
 
 
 def create_run(runtime: Runtime, spec: ingest.RunSpec, items: Iterable[Any]) -> str:
-    with runtime.database.session() as session:
-        return ingest.create_run(session, runtime.runs, spec, items, runtime.settings).id
+    """A new local run: the run service's submission, with its checks and messages."""
+    return str(RunService(runtime, local=True).submit(spec, items).view["id"])
 
 
 def open_file_run(

@@ -7,7 +7,7 @@ runtime it passes down (see recallq.runtime).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import PositiveInt
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -16,6 +16,14 @@ from recallq.judge.protocol import AnswerLimits
 
 DEFAULT_LOCAL_DATABASE_URL = "sqlite:///recallq.db"
 DEFAULT_RETRY_DEADLINE = 6 * 3600.0
+
+
+def read_settings(**overrides: Any) -> Settings:
+    """The settings of this process: RECALLQ_* variables, then `overrides`. Called once per
+    process, where it starts: the `recallq` command (recallq.cli.main), the API app factory,
+    the worker's start, and the library's entry points `recallq.evaluate` and
+    `recallq.Client` (tests/unit/test_settings_edges.py holds every other module to it)."""
+    return Settings(**overrides)
 
 
 class Settings(BaseSettings):
@@ -103,6 +111,7 @@ class Settings(BaseSettings):
     max_context_bytes: int = 1024 * 1024  # resolved passages of one item (or the run's static)
     max_context_passages: int = 1000
     jmespath_timeout: float = 0.5  # one item's context_extractor evaluation
+    context_extractor_budget: float = 10.0  # all items' context_extractor of one submission (422)
 
     def answer_limits(self) -> AnswerLimits:
         """What a judge's answer may hold (the RECALLQ_JUDGE_MAX_* settings)."""

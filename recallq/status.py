@@ -8,9 +8,10 @@ Only `recallq.store` moves anything from one state to another; its methods name 
            queued | running → pending   (resume: the local process that held it stopped)
            failed → pending             (retry)
            pending | queued | running → cancelled   (its run was cancelled)
+           cancelled → pending          (resume of its cancelled run)
            pending → batched → succeeded | failed | cancelled   (a batch-mode run's items)
     run:   queued → running → completed → running   (retry of failed items)
-           queued | running → cancelled
+           queued | running → cancelled → running   (resume of a cancelled run)
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ ITEM_TRANSITIONS: frozenset[tuple[ItemStatus, ItemStatus]] = frozenset(
         (ItemStatus.QUEUED, ItemStatus.PENDING),  # resume
         (ItemStatus.RUNNING, ItemStatus.PENDING),  # resume
         (ItemStatus.FAILED, ItemStatus.PENDING),  # retry_failed
+        (ItemStatus.CANCELLED, ItemStatus.PENDING),  # resume_cancelled
         # the provider batch lane (BatchedItemStore); never queued, so never reaped
         (ItemStatus.PENDING, ItemStatus.BATCHED),  # adopt
         (ItemStatus.BATCHED, ItemStatus.SUCCEEDED),  # succeed
@@ -98,6 +100,7 @@ RUN_TRANSITIONS: frozenset[tuple[RunStatus, RunStatus]] = frozenset(
         (RunStatus.RUNNING, RunStatus.CANCELLED),  # cancel
         (RunStatus.COMPLETED, RunStatus.RUNNING),  # retry_failed
         (RunStatus.RUNNING, RunStatus.RUNNING),  # retry_failed while other items still run
+        (RunStatus.CANCELLED, RunStatus.RUNNING),  # resume_cancelled
     }
 )
 

@@ -20,6 +20,8 @@ Runs (RunStore)
     cancel          queued|running → cancelled, and unended items → cancelled (reason "user")
     cancel_for_budget  the same, reason "budget": the run's recorded usage reached its budget
     retry_failed    completed|running → running, and failed items → pending
+    resume_cancelled  cancelled → running, and cancelled items → pending (a budget-cancelled
+                    run only with a budget above what it spent)
     resume          queued|running items → pending (local mode, after the process stopped)
     forget_idempotency_key   the run no longer answers to its key (a fresh run takes it)
     delete          an ended run, with its items and their claims, is removed
@@ -721,6 +723,14 @@ class RunCancelledError(ValueError):
     """A cancelled run cannot be retried."""
 
 
+class RunNotCancelledError(ValueError):
+    """Only a cancelled run can be resumed."""
+
+
+class RunBudgetSpentError(ValueError):
+    """A run cancelled at its budget resumes only with a higher one."""
+
+
 class RunActiveError(ValueError):
     """A run that is queued or running cannot be deleted (cancel it first)."""
 
@@ -914,6 +924,67 @@ class RunStore:
                 values={"status": ItemStatus.PENDING, "owner": None, "lease_until": None},
             )
         return len(resumed)
+
+    def resume_cancelled(
+        self, run_id: str, project: str, budget_usd: float | None, budget_tokens: int | None
+    ) -> tuple[int, tuple[float | None, int | None] | None]:
+        """cancelled → running, and the run's cancelled items → pending (claims already
+        extracted are kept, so extraction is not paid twice); the budget fields given replace
+        the run's. Returns how many items, and the run's budget when it has one. Raises
+        RunNotCancelledError, and RunBudgetSpentError when the budget (raised or not) is
+        already spent: the run would be cancelled again at its first call."""
+        with self._db.transaction() as conn:
+            status = self._lock(conn, run_id, project)
+            if status != RunStatus.CANCELLED:
+                raise RunNotCancelledError(
+                    f"run {run_id} is {status}: only a cancelled run can be resumed"
+                    + ("; `retry` re-queues failed items" if status == RunStatus.COMPLETED else "")
+                )
+            run = conn.execute(
+                select(runs.c.budget_usd, runs.c.budget_tokens).where(runs.c.id == run_id)
+            ).one()
+            usd = budget_usd if budget_usd is not None else run.budget_usd
+            tokens = budget_tokens if budget_tokens is not None else run.budget_tokens
+            spent_usd, spent_tokens = conn.execute(
+                select(
+                    func.coalesce(func.sum(items.c.cost_usd), 0.0),
+                    func.coalesce(func.sum(items.c.prompt_tokens + items.c.completion_tokens), 0),
+                ).where(items.c.run_id == run_id)
+            ).one()
+            spent = []
+            if usd is not None and spent_usd >= usd:
+                spent.append(f"${spent_usd:.4f} of budget_usd {usd:g}")
+            if tokens is not None and spent_tokens >= tokens:
+                spent.append(f"{spent_tokens} tokens of budget_tokens {tokens}")
+            if spent:
+                raise RunBudgetSpentError(
+                    f"run {run_id} has spent its budget ({', '.join(spent)}): resume it with "
+                    "a higher budget_usd or budget_tokens"
+                )
+            resumed = _update_items_in_id_order(
+                conn,
+                items.c.run_id == run_id,
+                items.c.status == ItemStatus.CANCELLED,
+                values={
+                    "status": ItemStatus.PENDING,
+                    "finished_at": None,
+                    "owner": None,
+                    "lease_until": None,
+                },
+            )
+            conn.execute(
+                update(runs)
+                .where(runs.c.id == run_id)
+                .values(
+                    status=RunStatus.RUNNING,
+                    finished_at=None,
+                    cancel_reason=None,
+                    budget_usd=usd,
+                    budget_tokens=tokens,
+                )
+            )
+        budget = None if usd is None and tokens is None else (usd, tokens)
+        return len(resumed), budget
 
     def forget_idempotency_key(self, run_id: str) -> None:
         """The run keeps everything but its idempotency key, which a fresh run of the same

@@ -69,9 +69,14 @@ class CallGate(Protocol):
         """Drop the run's gate state (its run was deleted)."""
         ...
 
+    def reopen(self, run_id: str, budget: Budget | None) -> None:
+        """Calls for this resumed run get through again, under its (maybe raised) budget."""
+        ...
+
 
 class _Budgets:
-    """Runs' budgets as this process read them: they never change, so each is read once."""
+    """Runs' budgets as this process read them, each read once (a resume that raises one
+    also puts it in Redis, where gate_enter prefers it)."""
 
     KEPT = 4096
 
@@ -79,6 +84,10 @@ class _Budgets:
         self._budget_of = budget_of
         self._known: OrderedDict[str, Budget | None] = OrderedDict()
         self._lock = threading.Lock()
+
+    def forget(self, run_id: str) -> None:
+        with self._lock:
+            self._known.pop(run_id, None)
 
     def of(self, run_id: str) -> Budget | None:
         if self._budget_of is None:
@@ -164,6 +173,20 @@ class RedisCallGate:
             keys.run_cancelled(run_id), keys.run_calls_in_flight(run_id), keys.run_spend(run_id)
         )
 
+    def reopen(self, run_id: str, budget: Budget | None) -> None:
+        # Workers keep the budget they read first; the spend hash carries the raised one,
+        # which gate_enter prefers.
+        spend = keys.run_spend(run_id)
+        if budget is not None and self._spent_of is not None:
+            usd, tokens = self._spent_of(run_id)
+            self._seed(keys=[spend], args=[repr(usd), tokens])
+        if budget is not None:
+            self._redis.hset(
+                spend, mapping={"budget_usd": _limit(budget[0]), "budget_tokens": _limit(budget[1])}
+            )
+        self._budgets.forget(run_id)
+        self._redis.delete(keys.run_cancelled(run_id))
+
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
@@ -217,4 +240,9 @@ class OpenGate:
     def forget(self, run_id: str) -> None:
         with self._lock:
             self._spent.pop(run_id, None)
+            self._closed.pop(run_id, None)
+
+    def reopen(self, run_id: str, budget: Budget | None) -> None:
+        self._budgets.forget(run_id)
+        with self._lock:
             self._closed.pop(run_id, None)

@@ -4,8 +4,12 @@
 -- ARGV: token, expiry (unix seconds), budget in USD ('' for none), budget in tokens ('' for none)
 -- Returns 'ok', the cancel flag's value ('1': a user cancelled; 'budget'), or 'unseeded' when
 -- the run has a budget but Redis holds no spend for it yet (the caller seeds it, then asks again).
+-- A resumed run's raised budget is in its spend hash and wins over the caller's (read once).
 local flag = redis.call('GET', KEYS[1])
 if flag then return flag end
+local raised = redis.call('HMGET', KEYS[3], 'budget_usd', 'budget_tokens')
+if raised[1] then ARGV[3] = raised[1] end
+if raised[2] then ARGV[4] = raised[2] end
 if ARGV[3] ~= '' or ARGV[4] ~= '' then
   if redis.call('EXISTS', KEYS[3]) == 0 then return 'unseeded' end
   local spent = redis.call('HMGET', KEYS[3], 'usd', 'tokens')

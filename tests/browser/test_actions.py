@@ -167,3 +167,45 @@ def test_a_read_key_may_not_cancel_or_retry(stack: Stack, context: Any) -> None:
         )
         assert response.status == 403, action
     assert stack.get(f"/v1/runs/{run_id}")["counts"]["failed"] == 2
+
+
+def test_cancel_asks_first_and_resume_from_the_page_finishes_the_run(
+    stack: Stack, context: Any, screenshots: Path
+) -> None:
+    stack.stub.configure(latency_ms=1000)
+    try:
+        run_id = stack.submit(evalsets.plain(40, "z"), "to-resume")
+        page = sign_in(context, stack.url, stack.keys["alpha_write"])
+        page.goto(f"{stack.url}/runs/{run_id}")
+        asked: list[str] = []
+
+        def say_no(dialog: Any) -> None:
+            asked.append(dialog.message)
+            dialog.dismiss()
+
+        page.once("dialog", say_no)
+        _submit_button(page, "cancel").click()
+        page.wait_for_timeout(500)  # a POST would have navigated by now
+        assert asked and "Cancel this run?" in asked[0]
+        assert _path(page.url) == f"/runs/{run_id}"
+        assert stack.get(f"/v1/runs/{run_id}")["status"] in ("queued", "running")
+
+        _accept_dialogs(page)
+        with page.expect_navigation():
+            _submit_button(page, "cancel").click()
+        cancelled = stack.wait(run_id)
+        assert cancelled["status"] == "cancelled" and cancelled["counts"]["cancelled"] > 0
+        page.reload()
+        assert page.locator("form[data-testid=resume]").count() == 1
+        shoot(page, screenshots, "run-resumable")
+    finally:
+        stack.stub.configure(latency_ms=0)
+    with page.expect_navigation():
+        _submit_button(page, "resume").click()
+    assert _path(page.url) == f"/runs/{run_id}"
+    assert "Run resumed" in page.locator("[data-testid=message]").inner_text()
+    run = stack.wait(run_id)
+    assert run["status"] == "completed", run
+    assert run["counts"]["cancelled"] == 0 and run["counts"]["succeeded"] == 40
+    page.reload()
+    assert page.locator("form[data-testid=resume]").count() == 0

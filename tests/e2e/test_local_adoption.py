@@ -472,8 +472,9 @@ def test_client_commands_without_a_local_database_say_so(tmp_path: Path) -> None
     done = recallq("runs", cwd=tmp_path)
     assert done.returncode == 2 and "no local runs" in done.stderr
     assert not (tmp_path / "recallq.db").exists()
+    # resume asks the service now (a cancelled run continues there): one line, exit 2
     resume = recallq("resume", "x", "--api", "http://127.0.0.1:9", cwd=tmp_path)
-    assert resume.returncode == 2 and "continues an interrupted local run" in resume.stderr
+    assert resume.returncode == 2 and "cannot reach the API" in resume.stderr
 
 
 def test_a_database_not_migrated_says_to_migrate(tmp_path: Path) -> None:
@@ -493,3 +494,69 @@ def test_a_database_not_migrated_says_to_migrate(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.splitlines()
     assert line.endswith('relation "runs" does not exist; is it migrated (`recallq migrate`)?')
+
+
+def test_a_local_run_cancelled_from_another_shell_resumes_where_it_stopped(
+    tmp_path: Path, stub_env: dict[str, str], clean_stub: Any
+) -> None:
+    """`recallq cancel RUN` of a local run goes through the run service (as the API's does),
+    and `recallq resume RUN` continues the cancelled run: only its unscored items again."""
+    clean_stub.configure(latency_ms=300)
+    items = [
+        {"id": f"q{i}", "ground_truth": f"Fact {i}.", "context": [f"Fact {i}."]} for i in range(30)
+    ]
+    data = _jsonl(tmp_path / "slow.jsonl", items)
+    args = [sys.executable, "-m", "recallq.cli", "run", str(data), "--model", "stub-judge"]
+    running = subprocess.Popen(
+        [*args, "--quiet", "--concurrency", "2"],
+        cwd=tmp_path,
+        env=_env(stub_env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        db = tmp_path / "local.db"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            try:  # the file exists before its tables do
+                if _rows(db, "SELECT count(*) FROM items WHERE status = 'succeeded'")[0][0]:
+                    break
+            except sqlite3.OperationalError:
+                pass
+            time.sleep(0.2)
+        (run_id,) = _rows(db, "SELECT id FROM runs")[0]
+        cancelled = recallq("cancel", run_id, cwd=tmp_path, env=stub_env)
+        assert cancelled.returncode == 0, cancelled.stderr
+        assert json.loads(cancelled.stdout)["status"] == "cancelled"
+        running.communicate(timeout=120)
+    finally:
+        if running.poll() is None:
+            running.kill()
+        clean_stub.configure(latency_ms=0)
+    scored, left = _rows(
+        db,
+        "SELECT sum(status = 'succeeded'), sum(status = 'cancelled') FROM items WHERE run_id = ?",
+        run_id,
+    )[0]
+    assert left > 0, (scored, left)
+    unscored = {
+        row[0] for row in _rows(db, "SELECT ground_truth FROM items WHERE status = 'cancelled'")
+    }
+    before = len(clean_stub.calls())
+
+    resumed = recallq("resume", run_id, "--quiet", cwd=tmp_path, env=stub_env)
+    assert resumed.returncode == 0, resumed.stderr
+    assert f"resume run {run_id}: {left} cancelled items sent again" in resumed.stderr
+    assert _rows(db, "SELECT status, cancel_reason FROM runs")[0] == ("completed", None)
+    assert _rows(db, "SELECT count(*) FROM items WHERE status = 'succeeded'")[0][0] == 30
+    # items scored before the cancel were not judged again (claims extracted before it are
+    # kept: a resumed item may need its attribution call only)
+    calls = clean_stub.calls()[before:]
+    assert 0 < len(calls) <= 2 * left
+    sent: set[str] = set()
+    for call in calls:
+        data = call["data"]
+        sent |= {data["ground_truth"]} if "ground_truth" in data else set()
+        sent |= {truth["text"] for truth in data.get("ground_truths", [])}
+    assert sent <= unscored, sent - unscored

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import recallq
-from recallq.dataset import DatasetError
+from recallq.ingest import SubmissionError
 from tests.services import REPO
 
 DATA = REPO / "tests" / "data"
@@ -185,7 +185,8 @@ def test_results_compare_with_a_known_difference(database: str) -> None:
 
 
 def test_bad_input_is_a_value_error_naming_the_item(database: str) -> None:
-    with pytest.raises(DatasetError) as caught:
+    # the run service's SubmissionError, with the API's code, as the API answers it
+    with pytest.raises(SubmissionError) as caught:
         recallq.evaluate(
             [{"id": "x", "reference": "r", "contexts": [{"url": "u"}]}],
             database_url=database,
@@ -193,6 +194,7 @@ def test_bad_input_is_a_value_error_naming_the_item(database: str) -> None:
         )
     assert isinstance(caught.value, ValueError)
     assert str(caught.value).startswith("item 0 (x): context passage 0 has no 'text'")
+    assert caught.value.code == "invalid_request"
     with pytest.raises(TypeError, match="unknown run field"):
         recallq.evaluate([], database_url=database, temperature=0)
     with pytest.raises(ValueError, match="unknown model 'nope'"):

@@ -209,7 +209,7 @@ def test_the_cli_deletes_with_an_admin_key(
 ) -> None:
     run = _run(api, keys["admin"], cancelled=True)
     as_writer = recallq({**env, "RECALLQ_API_KEY": str(keys["write"])}, "delete", run, "--api", api)
-    assert as_writer.returncode == 1 and "403 forbidden" in as_writer.stderr
+    assert as_writer.returncode == 2 and "403 forbidden" in as_writer.stderr  # as every refusal
     as_admin = recallq({**env, "RECALLQ_API_KEY": str(keys["admin"])}, "delete", run, "--api", api)
     assert as_admin.returncode == 0, as_admin.stderr
     assert httpx.get(f"{api}/v1/runs/{run}", headers=bearer(keys["admin"])).status_code == 404

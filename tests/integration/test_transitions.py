@@ -157,6 +157,10 @@ def test_every_move_is_in_the_table_and_every_move_in_the_table_is_made(
     assert runs.cancel(started, "default")
     assert {_status(runtime, i) for i in (first, second, third)} == {ItemStatus.CANCELLED}
 
+    # resume of a cancelled run: cancelled → running, its cancelled items → pending
+    assert runs.resume_cancelled(started, "default", None, None) == (3, None)
+    assert {_status(runtime, i) for i in (first, second, third)} == {ItemStatus.PENDING}
+
     # a batch-mode run: its provider batch lane adopts its items and ends them, or the run
     # is cancelled under it (the lane's own moves, made by BatchedItemStore)
     lane = BatchedItemStore()

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from recallq import export, groups, ingest, local, queries
-from recallq.api_client import base_url
+from recallq.client import base_url
 
 RESULTS: list[dict[str, Any]] = [
     {

@@ -23,6 +23,15 @@
     });
   });
 
+  // a form marked so (Cancel run) asks before it is sent
+  document.querySelectorAll("form[data-confirm]").forEach(function (form) {
+    form.addEventListener("submit", function (event) {
+      if (!window.confirm(form.getAttribute("data-confirm"))) {
+        event.preventDefault();
+      }
+    });
+  });
+
   // times in the reader's own zone (a time without a zone is UTC, as the server stores it)
   document.querySelectorAll("time[datetime]").forEach(function (node) {
     var text = node.getAttribute("datetime");

@@ -1,106 +1,29 @@
-"""The `recallq` command.
-
-Exit codes (recallq.gates): 0 ok; 1 items failed, a gate was missed, or the run did not end;
-2 the command could not run (usage, input, unknown run, unreachable API or database); 130
-interrupted. Every error is one line on stderr (`recallq --debug ...` shows the traceback).
-"""
+"""The `recallq` command line: its parser, each subcommand bound to the function that runs it
+(in recallq.cli.local_runs, run_commands, keys and services)."""
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
-import os
-import re
-import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from recallq.cli import labels
+from recallq.cli.reports import MAX_REPORT_LOWEST, REPORT_LOWEST
 from recallq.status import RunStatus
 
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
+def _command(module: str, name: str) -> Callable[[argparse.Namespace], int]:
+    """The command `name` of recallq.cli.`module`, imported when it runs: `recallq --help`
+    and each command load only what they use (httpx, SQLAlchemy, the engine cost start-up)."""
 
-def cmd_run(args: argparse.Namespace) -> int:
-    from recallq import local_commands
-
-    if args.batch:
-        print(f"recallq: {LOCAL_BATCH_REFUSED}", file=sys.stderr)
-        return 2
-    return local_commands.run(args)
-
-
-LOCAL_BATCH_REFUSED = (
-    "--batch needs the service: a provider batch can take up to 24 hours, and a worker polls "
-    "it (`recallq api` and `recallq worker` on Postgres and Redis; then "
-    "`recallq submit FILE --model M --batch`). Local mode makes online calls only."
-)
-
-
-def cmd_api(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    uvicorn.run(
-        "api.app:create_app",
-        factory=True,
-        host=args.host,
-        port=args.port,
-        workers=args.workers,
-        log_level="info",
-        # a request's head (line and headers) may be this long: room for run fields as
-        # query parameters of an NDJSON upload, a bound for everything else
-        h11_max_incomplete_event_size=64 * 1024,
-    )
-    return 0
-
-
-def cmd_worker(args: argparse.Namespace) -> int:
-    from recallq.broker import QUEUE
-    from recallq.settings import Settings
-    from worker import celery_app
-
-    settings = Settings()
-    concurrency = args.concurrency or settings.worker_concurrency
-    address = (args.metrics_host, args.metrics_port) if args.metrics_port else None
-    celery_app.start(settings, address).worker_main(
-        [
-            "worker",
-            "--pool",
-            "threads",
-            "--concurrency",
-            str(concurrency),
-            "--queues",
-            QUEUE,
-            "--loglevel",
-            args.loglevel,
-            "--without-gossip",
-            "--without-mingle",
-        ]
-    )
-    return 0
-
-
-def cmd_migrate(args: argparse.Namespace) -> int:
-    from recallq import migrate
-    from recallq.display import database_label
-    from recallq.settings import Settings
-
-    url = Settings().database_url
-    if args.downgrade:
-        migrate.downgrade(url, revision=args.downgrade)
-        print(f"recallq: database downgraded to {args.downgrade} ({database_label(url)})")
-    else:
-        print(f"recallq: {migrate.upgrade_and_say(url)} ({database_label(url)})")
-    return 0
-
-
-def _client_command(name: str) -> Any:
     def command(args: argparse.Namespace) -> int:
-        from recallq import client
+        found = getattr(importlib.import_module(f"recallq.cli.{module}"), name)
+        return int(found(args) or 0)
 
-        result: int = getattr(client, name)(args)
-        return result
-
-    command.__name__ = f"cmd_{name}"
+    command.__name__ = f"{module}.{name}"
     return command
 
 
@@ -119,10 +42,6 @@ def _non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError("must be 0 or more")
     return value
-
-
-REPORT_LOWEST = 25
-MAX_REPORT_LOWEST = 500  # each shown item is read in full: a bound on the report's size
 
 
 def _report_size(text: str) -> int:
@@ -214,24 +133,24 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--batch", action="store_true", help="refused: batch mode needs the service")
     _add_gate(run)
-    run.set_defaults(func=cmd_run)
+    run.set_defaults(func=_command("local_runs", "run"))
 
     api = sub.add_parser("api", help="serve the HTTP API")
     api.add_argument("--host", default="127.0.0.1", help="address to listen on")
     api.add_argument("--port", type=int, default=8000, help="port to listen on")
     api.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
-    api.set_defaults(func=cmd_api)
+    api.set_defaults(func=_command("services", "api"))
 
     worker = sub.add_parser("worker", help="run a Celery worker")
     worker.add_argument("--concurrency", type=int, help="LLM calls in flight (threads)")
     worker.add_argument("--loglevel", default="INFO")
     worker.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     worker.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")
-    worker.set_defaults(func=cmd_worker)
+    worker.set_defaults(func=_command("services", "worker"))
 
     migrate = sub.add_parser("migrate", help="create or upgrade the database schema")
     migrate.add_argument("--downgrade", metavar="REVISION", help="downgrade instead")
-    migrate.set_defaults(func=cmd_migrate)
+    migrate.set_defaults(func=_command("services", "migrate"))
 
     submit = sub.add_parser("submit", help="send a file to the API as a new run")
     _add_run_fields(submit)
@@ -247,7 +166,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_gate(submit)
     _add_api(submit)
-    submit.set_defaults(func=_client_command("submit"))
+    submit.set_defaults(func=_command("run_commands", "submit"))
 
     runs = sub.add_parser("runs", help="list runs, newest first")
     _add_api(runs)
@@ -255,14 +174,14 @@ def build_parser() -> argparse.ArgumentParser:
     runs.add_argument("--name", help="only runs of this name")
     runs.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
     runs.add_argument("--json", action="store_true", help="the run objects as JSON")
-    runs.set_defaults(func=_client_command("runs"))
+    runs.set_defaults(func=_command("run_commands", "runs"))
 
     status = sub.add_parser("status", help="a run's summary")
     status.add_argument("run_id")
     _add_api(status)
     status.add_argument("--json", action="store_true", help="the run object as JSON")
     status.add_argument("--by", metavar="FIELD", help="summary per value of this metadata field")
-    status.set_defaults(func=_client_command("status"))
+    status.set_defaults(func=_command("run_commands", "status"))
 
     results = sub.add_parser("results", help="a run's per-item results with claims")
     results.add_argument("run_id")
@@ -274,7 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="leave out input, output, ground_truth, context and metadata",
     )
-    results.set_defaults(func=_client_command("results"))
+    results.set_defaults(func=_command("run_commands", "results"))
 
     compare = sub.add_parser("compare", help="compare two runs of the same items")
     compare.add_argument("base", metavar="BASE_RUN")
@@ -282,7 +201,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_api(compare)
     compare.add_argument("--by", metavar="FIELD", help="also per value of this metadata field")
     compare.add_argument("--json", action="store_true", help="the comparison as JSON")
-    compare.set_defaults(func=_client_command("compare"))
+    compare.set_defaults(func=_command("run_commands", "compare"))
 
     report = sub.add_parser("report", help="write a run's HTML report (one file, no server)")
     report.add_argument("run_id")
@@ -299,18 +218,18 @@ def build_parser() -> argparse.ArgumentParser:
         help=f"how many of the lowest-scoring items to show (default {REPORT_LOWEST})",
     )
     _add_api(report)
-    report.set_defaults(func=_client_command("report"))
+    report.set_defaults(func=_command("run_commands", "report"))
 
     gate = sub.add_parser("gate", help="exit 1 when a run misses a threshold (for CI)")
     gate.add_argument("run_id")
     _add_api(gate)
     _add_gate(gate)
-    gate.set_defaults(func=_client_command("gate"))
+    gate.set_defaults(func=_command("run_commands", "gate"))
 
     for name, helptext in (
         ("cancel", "cancel a run"),
         ("retry", "re-queue a run's failed items (a local run is scored here)"),
-        ("resume", "continue an interrupted local run"),
+        ("resume", "continue a cancelled run, or an interrupted local run"),
     ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("run_id")
@@ -318,86 +237,41 @@ def build_parser() -> argparse.ArgumentParser:
         if name != "cancel":
             p.add_argument("--concurrency", type=int, help="judge calls in flight (local)")
             p.add_argument("--quiet", action="store_true", help="no progress bar")
-        p.set_defaults(func=_client_command(name))
+        if name == "resume":
+            p.add_argument(
+                "--budget-usd", type=float, help="a higher budget for a run cancelled at its own"
+            )
+            p.add_argument("--budget-tokens", type=int, help="the same, in tokens")
+        p.set_defaults(func=_command("run_commands", name))
 
-    from recallq import security_cli
+    keys = sub.add_parser("keys", help="make, list and revoke API keys (on the database)")
+    keys_sub = keys.add_subparsers(dest="keys_command", required=True)
+    create = keys_sub.add_parser("create", help="make a key; it is printed once")
+    create.add_argument("--project", required=True, help="the project the key acts in")
+    create.add_argument("--role", required=True, choices=["admin", "write", "read"])
+    create.add_argument("--label", help="what the key is for (shown by `keys list`)")
+    create.set_defaults(func=_command("keys", "create"))
+    listing = keys_sub.add_parser("list", help="list keys (never the keys themselves)")
+    listing.add_argument("--project", help="only this project's keys")
+    listing.add_argument("--json", action="store_true", help="as JSON lines")
+    listing.set_defaults(func=_command("keys", "list_keys"))
+    revoke = keys_sub.add_parser("revoke", help="revoke a key from now on")
+    revoke.add_argument("key_id")
+    revoke.set_defaults(func=_command("keys", "revoke"))
 
-    security_cli.add_commands(sub)  # keys create|list|revoke, delete, estimate
-    from recallq import label_cli
+    delete = sub.add_parser("delete", help="delete an ended run with its items (admin key)")
+    delete.add_argument("run_id")
+    _add_api(delete)
+    delete.set_defaults(func=_command("run_commands", "delete"))
 
-    label_cli.add_commands(sub)  # label, agreement, gate --corrected
+    estimate = sub.add_parser(
+        "estimate", help="items, judge calls, tokens and cost of a run, without running it"
+    )
+    estimate.add_argument("file", type=Path)
+    estimate.add_argument("--model", help="judge model (default: RECALLQ_DEFAULT_MODEL)")
+    estimate.add_argument("--context", type=_json_argument, help="static context, a JSON list")
+    estimate.add_argument("--context-extractor", type=_json_argument, help="JSON extractor spec")
+    estimate.add_argument("--json", action="store_true", help="print the estimate as JSON")
+    estimate.set_defaults(func=_command("run_commands", "estimate"))
+    labels.add_commands(sub)  # label, agreement, rejudge, gate --corrected
     return parser
-
-
-def explain(exc: BaseException) -> str | None:
-    """The one line an expected error is reported as; None for an unexpected one."""
-    from recallq.gates import CommandError
-
-    if isinstance(exc, CommandError):
-        return exc.message
-    import httpx
-    from sqlalchemy.exc import DBAPIError
-
-    from recallq.api_client import ApiError
-    from recallq.dataset import DatasetError
-    from recallq.ingest import SubmissionError
-    from recallq.judge_models import JudgeModelsError
-    from recallq.redact import redact_url
-
-    if isinstance(exc, SubmissionError):
-        return exc.message
-    if isinstance(exc, DatasetError | JudgeModelsError):
-        return str(exc)
-    if isinstance(exc, ApiError):
-        return f"{exc.status} {exc.code}: {exc.message}"
-    if isinstance(exc, httpx.TransportError):
-        try:
-            where = str(exc.request.url.copy_with(path="/", query=None)).rstrip("/")
-        except RuntimeError:
-            where = "the API"
-        return (
-            f"cannot reach the API at {where} ({type(exc).__name__}: {exc}); "
-            "pass --api or set RECALLQ_API_URL"
-        )
-    if isinstance(exc, DBAPIError):
-        from recallq.settings import Settings
-
-        # Postgres quotes the statement under the message ("LINE 1: ..."): not for a user
-        message = str(exc.orig).split("\nLINE ")[0] if exc.orig is not None else str(exc)
-        reason = " ".join(message.split())
-        if "no such table" in reason or re.search(r'relation "[^"]+" does not exist', reason):
-            hint = "; is it migrated (`recallq migrate`)?"
-        elif "does not exist" in reason:
-            hint = "; create it first"
-        else:
-            hint = ""
-        return f"cannot use the database {redact_url(Settings().database_url)}: {reason}{hint}"
-    return None
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    args.argv = list(sys.argv[1:] if argv is None else argv)  # to say how to run it again
-    try:
-        return int(args.func(args) or 0)
-    except KeyboardInterrupt:
-        print("\nrecallq: interrupted", file=sys.stderr)
-        return 130
-    except BrokenPipeError:  # stdout closed early (`| head`): end quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except Exception as exc:
-        if args.debug:
-            raise
-        line = explain(exc)
-        if line is None:
-            line = f"unexpected error: {type(exc).__name__}: {exc} (--debug shows where)"
-        from recallq.gates import CommandError
-
-        code = exc.code if isinstance(exc, CommandError) else 2
-        print(f"recallq: {' '.join(line.split())}", file=sys.stderr)
-        return int(code)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

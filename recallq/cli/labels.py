@@ -20,11 +20,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from recallq.cli.backends import open_local_database
+from recallq.client import Client
+from recallq.display import database_label
 from recallq.gates import CommandError, Exit
 from recallq.status import PublicItemStatus
 
 if TYPE_CHECKING:
-    from recallq.api_client import Client
     from recallq.db import Database
 
 PROJECT = "default"  # the local database's one project
@@ -82,7 +84,7 @@ def _add_api(parser: argparse.ArgumentParser) -> None:
 
 
 def _seed(text: str) -> int:
-    if not text.isdigit() or len(text) > 18:
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
         raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more: {text!r}")
     return int(text)
 
@@ -203,17 +205,10 @@ class LocalLabels:
 
 
 def open_labels(args: argparse.Namespace) -> LabelBackend:
-    from recallq.settings import Settings
-
-    settings = Settings()
+    settings = args.settings
     url = getattr(args, "api", None) or settings.api_url
     if url:
-        from recallq.api_client import Client
-
         return ApiLabels(Client(url, settings.api_key))
-    from recallq.display import database_label
-    from recallq.local_commands import open_local_database
-
     return LocalLabels(open_local_database(settings), database_label(settings.database_url))
 
 
@@ -228,6 +223,14 @@ def cmd_label(args: argparse.Namespace) -> int:
             data = args.import_file.read_bytes()
         except OSError as exc:
             raise CommandError(f"cannot read {args.import_file}: {exc.strerror}") from None
+    out, existed = None, args.out is not None and args.out.exists()
+    if args.sample is not None:
+        # opened (not truncated) before the draw: a path that cannot be written must not
+        # replace the kept sample
+        try:
+            out = args.out.open("a", encoding="utf-8", newline="")
+        except OSError as exc:
+            raise CommandError(f"cannot write {args.out}: {exc.strerror}") from None
     backend = open_labels(args)
     try:
         if data is not None:
@@ -242,11 +245,20 @@ def cmd_label(args: argparse.Namespace) -> int:
                 f"{len(result['problems'])} rows with problems"
             )
             return Exit.FAILED if result["problems"] else Exit.OK
-        keys, sheet = backend.draw(args.run_id, args.sample, args.seed)
+        assert out is not None
+        try:
+            keys, sheet = backend.draw(args.run_id, args.sample, args.seed)
+        except BaseException:
+            out.close()
+            if not existed:
+                args.out.unlink(missing_ok=True)
+            raise
+        with out:
+            out.seek(0)
+            out.truncate()
+            out.write(sheet)
     finally:
         backend.close()
-    with args.out.open("w", encoding="utf-8", newline="") as out:
-        out.write(sheet)
     claims = max(0, sum(1 for _ in csv.reader(io.StringIO(sheet))) - 1)
     print(
         f"{len(keys)} items ({claims} claims) drawn with seed {args.seed} into {args.out}: fill "
@@ -335,7 +347,7 @@ def corrected_gate(args: argparse.Namespace) -> int:
     """`recallq gate RUN --min-score X --corrected`: the run's own gates, with the mean score
     replaced by the lower bound of its corrected 95% interval."""
     from recallq import gates
-    from recallq.client import open_backend
+    from recallq.cli.backends import open_backend
 
     if args.min_score is None:
         raise CommandError("--corrected gates the corrected mean: pass --min-score X")
@@ -380,11 +392,11 @@ def cmd_rejudge(args: argparse.Namespace) -> int:
     import json
     import tempfile
 
-    from recallq import local_commands, queries
+    from recallq import queries
     from recallq.claim_cache import ClaimCache
-    from recallq.settings import Settings
+    from recallq.cli import local_runs
 
-    settings = Settings()
+    settings = args.settings
     if getattr(args, "api", None) or settings.api_url:
         raise CommandError(
             "rejudge works on local runs; a service run's claims_from is not built yet"
@@ -452,9 +464,10 @@ def cmd_rejudge(args: argparse.Namespace) -> int:
         min_score=None,
         max_failed=None,
         argv=["rejudge", *getattr(args, "argv", [])[1:]],
+        settings=settings,
     )
     try:
-        return local_commands.run(run_args)
+        return local_runs.run(run_args)
     finally:
         source.unlink(missing_ok=True)
         folder.rmdir()

@@ -14,14 +14,24 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from recallq import display, gates
-from recallq.db import Database
+from recallq import dataset, display, gates, local, migrate, queries, runs
+from recallq.cli.backends import LocalBackend, not_found, open_local_database
+from recallq.cli.reports import REPORT_LOWEST, write_report
 from recallq.display import database_label
 from recallq.gates import CommandError, Exit
+from recallq.judge_models import LEXICAL
 from recallq.local import LocalRunner
+from recallq.runs import RunConflict, RunService
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.status import PublicItemStatus
+from recallq.tables import Run
+
+LOCAL_BATCH_REFUSED = (
+    "--batch needs the service: a provider batch can take up to 24 hours, and a worker polls "
+    "it (`recallq api` and `recallq worker` on Postgres and Redis; then "
+    "`recallq submit FILE --model M --batch`). Local mode makes online calls only."
+)
 
 #: After Ctrl-C, how long the items already in flight get to finish (and be stored, so a
 #: resume does not pay for them again) before they are abandoned.
@@ -53,9 +63,8 @@ def report(
 
 def run(args: argparse.Namespace) -> int:
     """`recallq run FILE`: score a file in this process; the same command again resumes."""
-    from recallq import dataset, ingest, local, migrate
-    from recallq.judge_models import LEXICAL
-
+    if args.batch:
+        raise CommandError(LOCAL_BATCH_REFUSED)
     mapping = dataset.parse_mapping(args.map or [])
     if args.format and not args.out:
         raise CommandError("--format is the format of --out: give --out FILE too")
@@ -63,22 +72,20 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(f"no such file: {args.file}")
     if args.file.is_dir():
         raise CommandError(f"{args.file} is a directory, not a dataset file")
-    settings = Settings()
+    settings: Settings = args.settings
     model = args.model or settings.default_model
     concurrency = args.concurrency or local.default_concurrency(settings, model)
     runtime, runner = local.local_runtime(settings, concurrency)
     try:
         local.check_model(runtime, model)
-        spec = ingest.build_spec(
-            model=model,
-            default_model=settings.default_model,
-            default_retry_deadline=settings.retry_deadline,
-            known_models=runtime.models,
-            name=args.name or args.file.name,
-            scale=args.scale,
-            context=args.context,
-            context_extractor=args.context_extractor,
-        )
+        fields = {
+            "model": model,
+            "name": args.name or args.file.name,
+            "scale": args.scale,
+            "context": args.context,
+            "context_extractor": args.context_extractor,
+        }
+        spec = runs.RunService(runtime, local=True).spec(fields, local.PROJECT)
         migrate.upgrade(settings.database_url)
         opened = local.open_file_run(runtime, args.file, spec, mapping, fresh=args.fresh)
         if opened.note:
@@ -96,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
         if model != LEXICAL:
-            from recallq import patches
+            from recallq import patches  # here: it imports litellm (~6 s), for LLM judges only
 
             patches.prepare_litellm()
         argv = getattr(args, "argv", None) or sys.argv[1:]
@@ -106,78 +113,47 @@ def run(args: argparse.Namespace) -> int:
         runtime.close()
 
 
-def open_local_database(settings: Settings) -> Database:
-    """The local database the client commands read when no API is configured. A missing SQLite
-    file is an error (reading must not create one); a SQLite file from an older recallq is
-    upgraded, as `recallq run` would (a Postgres database is left to `recallq migrate`)."""
-    from recallq import migrate
-    from recallq.db import is_sqlite
-
-    url = settings.database_url
-    if is_sqlite(url):
-        path = url.removeprefix("sqlite:///")
-        if url.startswith("sqlite:///") and not Path(path).exists():
-            raise CommandError(
-                f"no local runs: {Path(path).resolve()} does not exist (`recallq run FILE` "
-                "makes it; for a service pass --api URL or set RECALLQ_API_URL)"
-            )
-        migrate.upgrade(url)
-    return Database(url)
-
-
 def continue_run(args: argparse.Namespace, settings: Settings, action: str) -> int:
     """`recallq resume RUN` / `recallq retry RUN` on the local database: send the run's
-    unended (resume) or failed (retry) items again, and score them here."""
-    from recallq import local
-    from recallq.judge_models import LEXICAL
-    from recallq.status import RunStatus
-    from recallq.store import RunCancelledError
-    from recallq.tables import Run
-
+    unended or cancelled (resume) or failed (retry) items again, and score them here."""
     database = open_local_database(settings)
     try:
         with database.session() as session:
             found = session.get(Run, args.run_id)
             if found is None:
-                raise CommandError(_not_found(args.run_id, settings))
-            model, status = found.model, found.status
+                raise CommandError(not_found(args.run_id, settings))
+            model = found.model
     finally:
         database.dispose()
-    if status == RunStatus.CANCELLED:
-        raise CommandError(f"run {args.run_id} was cancelled: it cannot be {action}d")
     concurrency = args.concurrency or local.default_concurrency(settings, model)
     runtime, runner = local.local_runtime(settings, concurrency)
     try:
         local.check_model(runtime, model)
-        # Either way the run's unended items go back to the queue: no other process scores a
-        # local run, so items left queued or running by an interrupted one would never end.
-        resent = runtime.runs.resume(args.run_id, "default")
-        if action == "retry":
-            try:
-                failed = runtime.runs.retry_failed(args.run_id, "default")
-            except RunCancelledError as exc:
-                raise CommandError(str(exc)) from None
-            what = f"{failed} failed items sent again" + (
-                f", and {resent} unended ones" if resent else ""
-            )
-        else:
-            what = f"{resent} unended items sent again"
+        service = RunService(runtime, local=True)
+        try:
+            if action == "retry":
+                # The run's unended items go back to the queue too: no other process scores
+                # a local run, so items left queued or running by an interrupted one would
+                # never end.
+                resent = runtime.runs.resume(args.run_id, local.PROJECT)
+                failed = service.retry(args.run_id, local.PROJECT)
+                what = f"{failed} failed items sent again" + (
+                    f", and {resent} unended ones" if resent else ""
+                )
+            else:
+                count, which = service.resume_local(args.run_id, local.PROJECT)
+                what = f"{count} {which} items sent again"
+        except RunConflict as exc:
+            raise CommandError(exc.message) from None
         print(f"recallq: {action} run {args.run_id}: {what}", file=sys.stderr)
         if model != LEXICAL:
-            from recallq import patches
+            from recallq import patches  # here: it imports litellm (~6 s), for LLM judges only
 
             patches.prepare_litellm()
         return _score(runtime, runner, args.run_id, args, resume_argv=None)
     finally:
         runner.stop(wait=False)
         runtime.close()
-
-
-def _not_found(run_id: str, settings: Settings) -> str:
-    return (
-        f"run {run_id} not found in the local database {database_label(settings.database_url)} "
-        "(a run of a service: pass --api URL or set RECALLQ_API_URL)"
-    )
 
 
 def _score(
@@ -187,8 +163,6 @@ def _score(
     args: argparse.Namespace,
     resume_argv: list[str] | None,
 ) -> int:
-    from recallq import local
-
     try:
         view = local.process(runtime, runner, run_id, progress=not args.quiet)
     except KeyboardInterrupt:
@@ -200,9 +174,6 @@ def _score(
         footer.append(f"per-item results with claims: {out}")
     report_to = getattr(args, "report", None)
     if report_to is not None:
-        from recallq.cli import REPORT_LOWEST
-        from recallq.client import LocalBackend, write_report
-
         backend = LocalBackend(runtime.settings, runtime.database)
         to = Path(report_to) if report_to else None
         path = write_report(backend, run_id, to, base=None, lowest=REPORT_LOWEST)
@@ -212,8 +183,6 @@ def _score(
     by = getattr(args, "by", None)
     groups = None
     if by:
-        from recallq import queries
-
         with runtime.database.session() as session:
             groups = queries.group_summary(session, run_id, by)
     return report(view, gates.Gate.of(args), sys.stdout, by=by, groups=groups, footer=footer)
@@ -225,8 +194,6 @@ def _interrupted(
     """Ctrl-C: the runner takes no more work; items in flight get a short grace to finish
     (a second Ctrl-C abandons them); the run stays as it is, and the way to resume is
     printed. Abandoned items are sent again on resume."""
-    from recallq import local
-
     print("\nrecallq: interrupted", file=sys.stderr)
     left = runner.in_flight
     if left:

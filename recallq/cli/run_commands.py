@@ -1,0 +1,293 @@
+"""The CLI's commands about runs: submit, runs, status, results, compare, report, gate,
+cancel, retry, resume, delete and estimate.
+
+They talk to the API when one is configured and otherwise to the local database (see
+recallq.cli.backends). `submit` and `delete` always need an API (by default on
+127.0.0.1:8000); `estimate` reads the file and the models file here and sends nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from recallq import display, gates
+from recallq.cli import local_runs
+from recallq.cli.backends import DEFAULT_API_URL, api_url, open_backend
+from recallq.cli.reports import write_report
+from recallq.client import Client
+from recallq.gates import CommandError, Exit
+from recallq.settings import Settings
+
+
+def _print_json(value: Any) -> None:
+    print(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+# --- commands --------------------------------------------------------------------------------
+
+
+def submit(args: argparse.Namespace) -> int:
+    """Send a file to the API as a new run; with --wait, poll until it ends and exit as
+    `recallq run` does (run id on stderr, the final run object on stdout)."""
+    from recallq import dataset
+
+    if not args.file.exists():
+        raise CommandError(f"no such file: {args.file}")
+    if args.file.is_dir():
+        raise CommandError(f"{args.file} is a directory, not a dataset file")
+    mapping = dataset.parse_mapping(args.map or [])
+    settings: Settings = args.settings
+    with Client(api_url(args, settings) or DEFAULT_API_URL, settings.api_key) as client:
+        run = client.submit(
+            args.file,
+            model=args.model,
+            name=args.name,
+            scale=args.scale,
+            context=args.context,
+            context_extractor=args.context_extractor,
+            mapping=mapping,
+            progress=not args.quiet,
+            mode="batch" if args.batch else None,
+        )
+        if not args.wait:
+            print(run.id)
+            return Exit.OK
+        print(f"recallq: run {run.id}", file=sys.stderr)
+        try:
+            view = run.wait(progress=not args.quiet)
+        except KeyboardInterrupt:
+            print(
+                f"\nrecallq: stopped waiting; run {run.id} goes on on the service "
+                f"(recallq status {run.id})",
+                file=sys.stderr,
+            )
+            return Exit.INTERRUPTED
+    _print_json(view)
+    thresholds = gates.Gate.of(args)
+    code, reasons = gates.exit_code(view, thresholds)
+    for reason in reasons:
+        print(f"recallq: {reason}", file=sys.stderr)
+    if code == Exit.OK and (thresholds.min_score is not None or thresholds.max_failed is not None):
+        print(gates.passed_line(view, thresholds), file=sys.stderr)
+    return code
+
+
+def runs(args: argparse.Namespace) -> int:
+    backend = open_backend(args)
+    try:
+        views = backend.runs(args.status, args.name, args.limit)
+    finally:
+        backend.close()
+    if args.json:
+        _print_json(views)
+    else:
+        for line in display.runs_table(views):
+            print(line)
+    return Exit.OK
+
+
+def status(args: argparse.Namespace) -> int:
+    backend = open_backend(args)
+    try:
+        view = backend.view(args.run_id, args.by)
+    finally:
+        backend.close()
+    if args.json:
+        _print_json(view)
+        return Exit.OK
+    lines = display.summary_lines(
+        view, title="recallq status", by=args.by, groups=view.get("by_group")
+    )
+    for line in lines:
+        print(line)
+    return Exit.OK
+
+
+def results(args: argparse.Namespace) -> int:
+    backend = open_backend(args)
+    out = args.out.open("wb") if args.out else sys.stdout.buffer
+    try:
+        for chunk in backend.results(args.run_id, args.format, not args.no_item_data):
+            out.write(chunk)
+        out.flush()  # here, where a closed pipe is caught, not at interpreter exit
+    finally:
+        backend.close()
+        if args.out:
+            out.close()
+    return Exit.OK
+
+
+def compare(args: argparse.Namespace) -> int:
+    backend = open_backend(args)
+    try:
+        result = backend.compare(args.base, args.candidate, args.by)
+    finally:
+        backend.close()
+    if args.json:
+        _print_json(result)
+    else:
+        for line in display.compare_lines(result):
+            print(line)
+    return Exit.OK
+
+
+def report(args: argparse.Namespace) -> int:
+    """Write a run's self-contained HTML report (with --compare, against that run as base)."""
+    backend = open_backend(args)
+    try:
+        path = write_report(backend, args.run_id, args.out, base=args.compare, lowest=args.lowest)
+    finally:
+        backend.close()
+    print(f"recallq: report written to {path} (one file; open it in a browser, no server needed)")
+    return Exit.OK
+
+
+def gate(args: argparse.Namespace) -> int:
+    """Exit 0 when the run passes, 1 (saying which threshold it missed) when it does not."""
+    backend = open_backend(args)
+    try:
+        view = backend.view(args.run_id)
+    finally:
+        backend.close()
+    thresholds = gates.Gate.of(args)
+    code, reasons = gates.exit_code(view, thresholds)
+    for reason in reasons:
+        print(f"recallq: gate failed: {reason}", file=sys.stderr)
+    if code == Exit.OK:
+        print(gates.passed_line(view, thresholds))
+    return code
+
+
+def cancel(args: argparse.Namespace) -> int:
+    backend = open_backend(args)
+    try:
+        _print_json(backend.cancel(args.run_id))
+    finally:
+        backend.close()
+    return Exit.OK
+
+
+def retry(args: argparse.Namespace) -> int:
+    """Re-queue failed items: on the service, or scored here for a local run."""
+    settings: Settings = args.settings
+    url = api_url(args, settings)
+    if url is None:
+        return local_runs.continue_run(args, settings, "retry")
+    with Client(url, settings.api_key) as client:
+        _print_json(client.post(f"/v1/runs/{args.run_id}/retry"))
+    return Exit.OK
+
+
+def resume(args: argparse.Namespace) -> int:
+    """Continue a cancelled run (its cancelled items are queued again), or a local run that
+    was interrupted (the same as running its command again)."""
+    settings: Settings = args.settings
+    url = api_url(args, settings)
+    if url is not None:
+        with Client(url, settings.api_key) as client:
+            budget = {"budget_usd": args.budget_usd, "budget_tokens": args.budget_tokens}
+            body = {name: value for name, value in budget.items() if value is not None}
+            view = client.post(f"/v1/runs/{args.run_id}/resume", body)
+        print(
+            f"recallq: resume run {args.run_id}: {view['resumed_items']} items queued again",
+            file=sys.stderr,
+        )
+        for line in display.summary_lines(view, title="recallq status"):
+            print(line)
+        return Exit.OK
+    return local_runs.continue_run(args, settings, "resume")
+
+
+def delete(args: argparse.Namespace) -> int:
+    """Delete an ended run on the service (an admin key)."""
+    settings: Settings = args.settings
+    with Client(api_url(args, settings) or DEFAULT_API_URL, settings.api_key) as client:
+        client.delete_run(args.run_id)
+    print(f"recallq: run {args.run_id} deleted", file=sys.stderr)
+    return Exit.OK
+
+
+def estimate(args: argparse.Namespace) -> int:
+    """Items, judge calls, tokens and cost of a run of this file, without running it."""
+    from recallq import dataset, ingest, runs
+    from recallq.db import Database, is_sqlite
+    from recallq.judge_models import JudgeModelsError, load_models
+
+    settings: Settings = args.settings
+    if not args.file.exists():
+        print(f"recallq: no such file: {args.file}", file=sys.stderr)
+        return 2
+    try:
+        models = load_models(settings.models_file)
+        fields = {
+            "model": args.model,
+            "context": args.context,
+            "context_extractor": args.context_extractor,
+        }
+        spec = runs.spec_of(fields, settings, models)
+    except (ingest.SubmissionError, JudgeModelsError) as exc:
+        print(f"recallq: {exc}", file=sys.stderr)
+        return 2
+    # the claim cache of the local database, when there is one (an estimate makes none)
+    url = settings.database_url
+    database_file = Path(url.removeprefix("sqlite:///")) if is_sqlite(url) else None
+    use_database = database_file is None or database_file.exists()
+    try:
+        items = dataset.items_from(args.file)
+        if use_database:
+            database = Database(url)
+            try:
+                with database.session() as session:
+                    result = ingest.estimate_run(session, spec, items, settings, models)
+            finally:
+                database.dispose()
+        else:
+            result = _estimate_without_database(spec, items, settings, models)
+    except ingest.SubmissionError as exc:
+        print(f"recallq: {args.file}: {exc.message}", file=sys.stderr)
+        return 2
+    except dataset.DatasetError as exc:
+        print(f"recallq: {exc}", file=sys.stderr)
+        return 2
+    _print_estimate(result.as_dict(), args.json)
+    return 0
+
+
+def _estimate_without_database(spec: Any, items: Any, settings: Any, models: Any) -> Any:
+    """An estimate with no claim cache to look in (no local database yet)."""
+    from sqlalchemy import create_engine
+    from sqlalchemy.orm import Session
+
+    from recallq import ingest
+    from recallq.tables import Base
+
+    engine = create_engine("sqlite://")
+    Base.metadata.create_all(engine)
+    try:
+        with Session(engine) as session:
+            return ingest.estimate_run(session, spec, items, settings, models)
+    finally:
+        engine.dispose()
+
+
+def _print_estimate(estimate: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(estimate))
+        return
+    cost = estimate["cost_usd"]
+    rows = [
+        ("model", estimate["model"]),
+        ("items", str(estimate["items"])),
+        ("judge calls", f"{estimate['calls']} ({estimate['cache_hits']} claim-cache hits)"),
+        ("prompt tokens", str(estimate["prompt_tokens"])),
+        ("completion tokens", str(estimate["completion_tokens"])),
+        ("cost", "unknown (no price for this model)" if cost is None else f"${cost:.4f}"),
+    ]
+    width = max(len(name) for name, _ in rows)
+    print("recallq estimate (nothing was run)")
+    for name, value in rows:
+        print(f"  {name:<{width}}  {value}")

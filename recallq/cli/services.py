@@ -1,0 +1,63 @@
+"""`recallq api`, `recallq worker` and `recallq migrate`: the commands that start or set up
+the service's processes."""
+
+from __future__ import annotations
+
+import argparse
+
+from recallq.display import database_label
+
+
+def api(args: argparse.Namespace) -> int:
+    import uvicorn  # here: only this command needs the server
+
+    uvicorn.run(
+        "api.app:create_app",
+        factory=True,
+        host=args.host,
+        port=args.port,
+        workers=args.workers,
+        log_level="info",
+        # a request's head (line and headers) may be this long: room for run fields as
+        # query parameters of an NDJSON upload, a bound for everything else
+        h11_max_incomplete_event_size=64 * 1024,
+    )
+    return 0
+
+
+def worker(args: argparse.Namespace) -> int:
+    # here: Celery and the worker's modules cost a second of start-up the other commands skip
+    from recallq.broker import QUEUE
+    from worker import celery_app
+
+    settings = args.settings
+    concurrency = args.concurrency or settings.worker_concurrency
+    address = (args.metrics_host, args.metrics_port) if args.metrics_port else None
+    celery_app.start(settings, address).worker_main(
+        [
+            "worker",
+            "--pool",
+            "threads",
+            "--concurrency",
+            str(concurrency),
+            "--queues",
+            QUEUE,
+            "--loglevel",
+            args.loglevel,
+            "--without-gossip",
+            "--without-mingle",
+        ]
+    )
+    return 0
+
+
+def migrate(args: argparse.Namespace) -> int:
+    from recallq import migrate as migrations  # here: alembic is for this command only
+
+    url = args.settings.database_url
+    if args.downgrade:
+        migrations.downgrade(url, revision=args.downgrade)
+        print(f"recallq: database downgraded to {args.downgrade} ({database_label(url)})")
+    else:
+        print(f"recallq: {migrations.upgrade_and_say(url)} ({database_label(url)})")
+    return 0

@@ -520,23 +520,25 @@ def _group(metadata: dict[str, Any] | None, by: str | None) -> str | None:
 
 def _judge_totals(session: Session, run: Run, by: str | None) -> dict[str | None, JudgeTotals]:
     """The judge's sums over the run's scored items, per group when `by` is given. Alike
-    items (same claim counts) are counted by the database, so a run moves few rows."""
-    columns: list[Any] = [Item.claims_total, Item.claims_attributed, func.count()]
+    items (same claim counts) are counted by the database, so a run moves few rows. Scores are
+    the stored ones, rounded as reported, so the judge's mean is the run summary's."""
+    columns: list[Any] = [Item.claims_total, Item.claims_attributed, Item.score, func.count()]
     query = select(*columns).where(Item.run_id == run.id, Item.status == ItemStatus.SUCCEEDED)
-    rows: list[tuple[str | None, Any, Any, Any]]
+    rows: list[tuple[str | None, Any, Any, Any, Any]]
     if by is None:
-        rows = [(None, t, a, n) for t, a, n in session.execute(query.group_by(*columns[:2]))]
+        grouped = session.execute(query.group_by(*columns[:3]))
+        rows = [(None, t, a, score, n) for t, a, score, n in grouped]
     else:
         per_item = session.execute(
-            select(Item.item_metadata, Item.claims_total, Item.claims_attributed).where(
+            select(Item.item_metadata, *columns[:3]).where(
                 Item.run_id == run.id, Item.status == ItemStatus.SUCCEEDED
             )
         )
-        rows = [(_group(m, by), t, a, 1) for m, t, a in per_item]
+        rows = [(_group(m, by), t, a, score, 1) for m, t, a, score in per_item]
     sums: dict[str | None, list[float]] = defaultdict(lambda: [0.0] * 9)
-    for group, total, attributed, count in rows:
+    for group, total, attributed, stored, count in rows:
         total, attributed = total or 0, attributed or 0
-        score = attributed / total * run.scale if total else 0.0
+        score = float(stored) if stored is not None else 0.0
         s = sums[group]
         for position, value in enumerate(
             (

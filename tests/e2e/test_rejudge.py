@@ -73,3 +73,39 @@ def test_rejudge_attributes_the_same_claims_with_another_model(
 
     remote = _recallq({**env, "RECALLQ_API_URL": "http://127.0.0.1:9"}, tmp_path, "rejudge", "x")
     assert remote.returncode == 2 and "cannot reach the API" in remote.stderr
+
+
+def test_evaluate_takes_claims_from_an_earlier_local_run(
+    tmp_path: Path, clean_stub: Any, monkeypatch: Any
+) -> None:
+    """The first run's judge is the lexical one, the second the stub: every stub extraction
+    call is an item that did not inherit its claims."""
+    import recallq
+    from recallq.ingest import SubmissionError
+
+    items: list[dict[str, Any]] = [
+        {"id": f"q{i}", "ground_truth": f"Fact {i} holds. Fact {i} matters.", "context": ["x"]}
+        for i in range(4)
+    ]
+    url = f"sqlite:///{tmp_path / 'evaluate.db'}"
+    first = recallq.evaluate(items, progress=False, database_url=url)
+    items[3]["ground_truth"] = "Something else entirely."  # extracted again, not inherited
+    monkeypatch.setenv("RECALLQ_MODELS_FILE", str(write_models_file(tmp_path, clean_stub.base_url)))
+    monkeypatch.setenv("STUB_API_KEY", "sk-stub-secret")
+    monkeypatch.setenv("LITELLM_LOCAL_MODEL_COST_MAP", "True")
+    second = recallq.evaluate(
+        items, "stub-judge", progress=False, database_url=url, claims_from=first.run_id
+    )
+    schemas = clean_stub.stats()["by_schema"]
+    assert schemas.get("claim_extraction", 0) + schemas.get("claim_extraction_packed", 0) == 1
+    assert schemas["claim_attribution"] == 4
+    texts = {i["id"]: [c["text"] for c in i["claims"]] for i in first.items}
+    again = {i["id"]: [c["text"] for c in i["claims"]] for i in second.items}
+    assert {k: again[k] for k in ("q0", "q1", "q2")} == {k: texts[k] for k in ("q0", "q1", "q2")}
+    assert again["q3"] != texts["q3"]
+    try:
+        recallq.evaluate(items, progress=False, database_url=url, claims_from="nope")
+    except SubmissionError as exc:
+        assert exc.message == "claims_from: run 'nope' not found"
+    else:
+        raise AssertionError("an unknown claims_from run was accepted")

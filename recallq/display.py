@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from recallq.gates import number
+from recallq.judge_models import LEXICAL
 from recallq.redact import redact_url
 from recallq.status import RUN_ACTIVE, PublicItemStatus
 
@@ -159,7 +160,7 @@ def summary_lines(
     pause = paused(view)
     if pause:
         rows.append(("waiting", pause))
-    lines = [title, *_rows(rows)]
+    lines = [title, *_notice_lines(view), *_rows(rows)]
     histogram = histogram_lines(view)
     if histogram:
         lines += ["", "score distribution", *histogram]
@@ -168,6 +169,28 @@ def summary_lines(
         lines += ["", "failures (by error)", *failures]
     if by is not None and groups is not None:
         lines += ["", f"by {by}", *group_lines(by, groups)]
+    return lines
+
+
+#: The judge of `recallq run` without --model: words matched, no model asked.
+LEXICAL_BASELINE = (
+    "  note: local/lexical is a word-matching baseline, not an LLM judge: pass --model "
+    "(see examples/models.yaml) for a real recall score"
+)
+
+
+def _notice_lines(view: dict[str, Any]) -> list[str]:
+    """What to read before the numbers: a run whose every item failed (its score means
+    nothing), a baseline judge taken for a real one."""
+    lines = []
+    counts = view["counts"]
+    failed = counts[PublicItemStatus.FAILED]
+    if counts["total"] and failed == counts["total"]:
+        failures = view.get("failures") or []
+        why = f": {failures[0]['error']}" if failures else ""
+        lines.append(f"  every item failed ({failed} of {counts['total']}){why}")
+    if view.get("model") == LEXICAL:
+        lines.append(LEXICAL_BASELINE)
     return lines
 
 

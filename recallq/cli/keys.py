@@ -45,7 +45,7 @@ def list_keys(args: argparse.Namespace) -> int:
     found = _key_store(args).list(args.project)
     if args.json:
         for info in found:
-            row = {
+            fields = {
                 "id": info.id,
                 "project": info.project,
                 "role": info.role,
@@ -55,7 +55,7 @@ def list_keys(args: argparse.Namespace) -> int:
                 "last_used_at": info.last_used_at.isoformat() if info.last_used_at else None,
                 "revoked_at": info.revoked_at.isoformat() if info.revoked_at else None,
             }
-            print(json.dumps(row))
+            print(json.dumps(fields))
         return 0
     if not found:
         print("no keys" + (f" in project {args.project}" if args.project else ""))
@@ -74,9 +74,9 @@ def list_keys(args: argparse.Namespace) -> int:
         for info in found
     ]
     widths = [max(len(row[i]) for row in (KEY_LIST_HEADER, *rows)) for i in range(6)]
-    for row in (KEY_LIST_HEADER, *rows):
-        cells = [cell.ljust(width) for cell, width in zip(row[:-1], widths, strict=True)]
-        print("  ".join([*cells, row[-1]]).rstrip())
+    for line in (KEY_LIST_HEADER, *rows):
+        cells = [cell.ljust(width) for cell, width in zip(line[:-1], widths, strict=True)]
+        print("  ".join([*cells, line[-1]]).rstrip())
     return 0
 
 

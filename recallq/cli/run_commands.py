@@ -21,10 +21,21 @@ from recallq.cli.reports import write_report
 from recallq.client import Client
 from recallq.gates import CommandError, Exit
 from recallq.settings import Settings
+from recallq.status import RUN_ACTIVE, RunStatus
 
 
 def _print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def print_run(view: dict[str, Any], as_json: bool, **summary: Any) -> None:
+    """How every command that shows a run shows it: its summary, or with --json the run
+    object."""
+    if as_json:
+        _print_json(view)
+        return
+    for line in display.summary_lines(view, title="recallq status", **summary):
+        print(line)
 
 
 # --- commands --------------------------------------------------------------------------------
@@ -66,7 +77,7 @@ def submit(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return Exit.INTERRUPTED
-    _print_json(view)
+    print_run(view, args.json)
     thresholds = gates.Gate.of(args)
     code, reasons = gates.exit_code(view, thresholds)
     for reason in reasons:
@@ -96,14 +107,7 @@ def status(args: argparse.Namespace) -> int:
         view = backend.view(args.run_id, args.by)
     finally:
         backend.close()
-    if args.json:
-        _print_json(view)
-        return Exit.OK
-    lines = display.summary_lines(
-        view, title="recallq status", by=args.by, groups=view.get("by_group")
-    )
-    for line in lines:
-        print(line)
+    print_run(view, args.json, by=args.by, groups=view.get("by_group"))
     return Exit.OK
 
 
@@ -165,9 +169,20 @@ def gate(args: argparse.Namespace) -> int:
 def cancel(args: argparse.Namespace) -> int:
     backend = open_backend(args)
     try:
-        _print_json(backend.cancel(args.run_id))
+        before = backend.view(args.run_id)["status"]
+        view = backend.cancel(args.run_id)
     finally:
         backend.close()
+    if before == RunStatus.CANCELLED:
+        said = f"run {args.run_id} was already cancelled: nothing changed"
+    elif before not in RUN_ACTIVE:
+        said = f"run {args.run_id} had already ended ({before}): nothing to cancel"
+    else:
+        said = f"run {args.run_id} cancelled"
+        if view.get("calls_stopped") is False:
+            said += " (the calls already sent were not stopped: Redis unreachable)"
+    print(f"recallq: {said}", file=sys.stderr)
+    print_run(view, args.json)
     return Exit.OK
 
 
@@ -196,8 +211,7 @@ def resume(args: argparse.Namespace) -> int:
             f"recallq: resume run {args.run_id}: {view['resumed_items']} items queued again",
             file=sys.stderr,
         )
-        for line in display.summary_lines(view, title="recallq status"):
-            print(line)
+        print_run(view, False)
         return Exit.OK
     return local_runs.continue_run(args, settings, "resume")
 

@@ -42,7 +42,7 @@ def recallq(*args: str, api: str) -> subprocess.CompletedProcess[str]:
 
 def test_submit_wait_status_and_results(api_url: str, tmp_path: Path) -> None:
     data = REPO / "examples" / "eval_set.jsonl"
-    submitted = recallq("submit", str(data), "--name", "cli", "--wait", api=api_url)
+    submitted = recallq("submit", str(data), "--name", "cli", "--wait", "--json", api=api_url)
     assert submitted.returncode == 0, submitted.stderr
     final = json.loads(submitted.stdout)  # stdout is the run object alone
     run_id = final["id"]
@@ -64,7 +64,34 @@ def test_submit_wait_status_and_results(api_url: str, tmp_path: Path) -> None:
     retried = recallq("retry", run_id, api=api_url)
     assert json.loads(retried.stdout)["retried_items"] == 0
     cancelled = recallq("cancel", run_id, api=api_url)
-    assert json.loads(cancelled.stdout)["status"] == "completed"  # already ended: unchanged
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert f"run {run_id} had already ended (completed): nothing to cancel" in cancelled.stderr
+    assert "status             completed" in cancelled.stdout  # the summary, as status prints
+    assert json.loads(recallq("cancel", run_id, "--json", api=api_url).stdout)["status"] == (
+        "completed"
+    )
+
+
+def test_submit_wait_prints_the_summary_status_prints(api_url: str) -> None:
+    data = REPO / "examples" / "eval_set.jsonl"
+    waited = recallq("submit", str(data), "--wait", "--quiet", api=api_url)
+    assert waited.returncode == 0, waited.stderr
+    run_id = waited.stderr.split("recallq: run ")[1].split()[0]
+    status = recallq("status", run_id, api=api_url)
+    assert waited.stdout == status.stdout
+    assert not waited.stdout.lstrip().startswith("{") and len(waited.stdout.splitlines()) < 40
+
+
+def test_a_run_whose_every_item_failed_says_so_first(api_url: str, tmp_path: Path) -> None:
+    data = tmp_path / "all-bad.jsonl"
+    bad = [
+        {"id": f"bad{n}", "ground_truth": "STUB_HTTP_400 here.", "context": ["x"]} for n in range(3)
+    ]
+    data.write_text("".join(json.dumps(item) + "\n" for item in bad))
+    done = recallq("submit", str(data), "--model", "stub-judge", "--wait", "--quiet", api=api_url)
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    assert lines[1].startswith("  every item failed (3 of 3): "), done.stdout
 
 
 def test_errors_are_reported_without_a_traceback(api_url: str, tmp_path: Path) -> None:
@@ -98,7 +125,7 @@ def test_an_unreachable_api_is_one_line(tmp_path: Path) -> None:
 
 def test_results_into_a_pipe_closed_early_end_quietly(api_url: str) -> None:
     data = REPO / "examples" / "eval_set.jsonl"
-    run_id = json.loads(recallq("submit", str(data), "--wait", api=api_url).stdout)["id"]
+    run_id = json.loads(recallq("submit", str(data), "--wait", "--json", api=api_url).stdout)["id"]
     env = {**os.environ, "RECALLQ_API_URL": api_url}
     reader = subprocess.Popen(
         f"{sys.executable} -m recallq.cli results {run_id} --format csv | head -c 10",
@@ -118,7 +145,7 @@ def test_submit_with_a_context_extractor_names_the_run_after_the_file(api_url: s
     agent_run = REPO / "examples" / "agent_run.jsonl"
     extractor = '{"type": "tool_results"}'
     done = recallq(
-        "submit", str(agent_run), "--context-extractor", extractor, "--wait", api=api_url
+        "submit", str(agent_run), "--context-extractor", extractor, "--wait", "--json", api=api_url
     )
     assert done.returncode == 0, done.stderr
     final = json.loads(done.stdout)
@@ -132,7 +159,7 @@ DATA = REPO / "tests" / "data"
 
 def test_tool_shaped_files_through_the_service(api_url: str, tmp_path: Path) -> None:
     for name in ("ragas.jsonl", "deepeval.json", "contexts.csv"):
-        done = recallq("submit", str(DATA / name), "--wait", "--quiet", api=api_url)
+        done = recallq("submit", str(DATA / name), "--wait", "--json", "--quiet", api=api_url)
         assert done.returncode == 0, done.stderr
         run = json.loads(done.stdout)
         assert run["status"] == "completed" and run["counts"]["failed"] == 0, name
@@ -156,7 +183,7 @@ def test_submit_wait_and_gate_exit_codes(api_url: str, tmp_path: Path) -> None:
     ]
     data = tmp_path / "gates.jsonl"
     data.write_text("".join(json.dumps(item) + "\n" for item in items))
-    failed = recallq("submit", str(data), "--model", "stub-judge", "--wait", api=api_url)
+    failed = recallq("submit", str(data), "--model", "stub-judge", "--wait", "--json", api=api_url)
     assert failed.returncode == 1, failed.stderr
     assert "recallq: 1 item failed (allow some with --max-failed N)" in failed.stderr
     run_id = json.loads(failed.stdout)["id"]
@@ -196,7 +223,9 @@ def test_runs_and_compare_through_the_api(api_url: str, tmp_path: Path) -> None:
     for name, items in (("bridges-a", base), ("bridges-b", candidate)):
         path = tmp_path / f"{name}.jsonl"
         path.write_text("".join(json.dumps(item) + "\n" for item in items))
-        done = recallq("submit", str(path), "--name", name, "--wait", "--quiet", api=api_url)
+        done = recallq(
+            "submit", str(path), "--name", name, "--wait", "--json", "--quiet", api=api_url
+        )
         ids.append(json.loads(done.stdout)["id"])
     listed = recallq("runs", "--name", "bridges-b", "--json", api=api_url)
     assert [run["id"] for run in json.loads(listed.stdout)] == [ids[1]]

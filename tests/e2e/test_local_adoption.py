@@ -528,7 +528,11 @@ def test_a_local_run_cancelled_from_another_shell_resumes_where_it_stopped(
         (run_id,) = _rows(db, "SELECT id FROM runs")[0]
         cancelled = recallq("cancel", run_id, cwd=tmp_path, env=stub_env)
         assert cancelled.returncode == 0, cancelled.stderr
-        assert json.loads(cancelled.stdout)["status"] == "cancelled"
+        assert f"recallq: run {run_id} cancelled" in cancelled.stderr
+        assert "status             cancelled" in cancelled.stdout
+        again = recallq("cancel", run_id, "--json", cwd=tmp_path, env=stub_env)
+        assert f"run {run_id} was already cancelled" in again.stderr
+        assert json.loads(again.stdout)["status"] == "cancelled"
         running.communicate(timeout=120)
     finally:
         if running.poll() is None:

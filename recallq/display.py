@@ -126,7 +126,8 @@ def summary_lines(
     rows = [("run", view["id"])]
     if view.get("name"):
         rows.append(("name", view["name"]))
-    rows += [("status", view["status"]), ("model", view["model"]), ("total", str(counts["total"]))]
+    rows += [("status", run_status(view)), ("model", view["model"])]
+    rows.append(("total", str(counts["total"])))
     rows += [
         (key, str(counts[key]))
         for key in _SHOWN_ITEM_STATUSES
@@ -194,6 +195,17 @@ def _notice_lines(view: dict[str, Any]) -> list[str]:
     return lines
 
 
+def interrupted_hint(run_id: str) -> str:
+    return f"interrupted: resume with recallq resume {run_id}"
+
+
+def run_status(view: dict[str, Any]) -> str:
+    """A run's status as shown: a local run that no process scores says how to go on."""
+    if view.get("interrupted"):
+        return f"{view['status']} ({interrupted_hint(view['id'])})"
+    return str(view["status"])
+
+
 def _when(iso: str | None) -> str:
     if not iso:
         return "-"
@@ -211,7 +223,7 @@ def runs_table(views: Sequence[dict[str, Any]]) -> list[str]:
         (
             _when(view["created_at"]),
             view["id"],
-            view["status"],
+            f"{view['status']} (interrupted)" if view.get("interrupted") else view["status"],
             str(view["counts"]["total"]),
             str(view["counts"][PublicItemStatus.FAILED]),
             _score(view["summary"]["mean_score"]),
@@ -221,12 +233,16 @@ def runs_table(views: Sequence[dict[str, Any]]) -> list[str]:
         for view in views
     ]
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header) - 1)]
-    return [
+    lines = [
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False))
         + "  "
         + row[-1]
         for row in (header, *rows)
     ]
+    stopped = [view["id"] for view in views if view.get("interrupted")]
+    if stopped:
+        lines += ["", *(interrupted_hint(run_id) for run_id in stopped)]
+    return lines
 
 
 def compare_lines(result: dict[str, Any]) -> list[str]:

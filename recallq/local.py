@@ -28,6 +28,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
 from recallq import dataset, display, ingest, queries
 from recallq.engine import Engine
 from recallq.outcomes import Taken
@@ -35,8 +38,15 @@ from recallq.redact import install_log_redaction
 from recallq.runs import RunService
 from recallq.runtime import Runtime
 from recallq.settings import Settings
-from recallq.status import PUBLIC_ITEM_ENDED, RUN_ENDED, PublicItemStatus, RunStatus
-from recallq.tables import Run, as_utc, utcnow
+from recallq.status import (
+    ITEM_IN_FLIGHT,
+    PUBLIC_ITEM_ENDED,
+    RUN_ACTIVE,
+    RUN_ENDED,
+    PublicItemStatus,
+    RunStatus,
+)
+from recallq.tables import Item, Run, as_utc, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -238,6 +248,36 @@ def open_file_run(
     if status in RUN_ENDED:
         return Opened(found.id, "finished")
     return Opened(found.id, "resumed", runtime.runs.resume(found.id, spec.project))
+
+
+def mark_interrupted(session: Session, views: Sequence[dict[str, Any]]) -> None:
+    """Set `interrupted` on the views of local runs that are queued or running with no
+    process scoring them. Nothing else scores a local run, and a scoring process holds a live
+    lease on the items it handed out (queued or running); a Ctrl-C hands them back (`release`
+    below), so an active run without a live lease was stopped. The run keeps its status."""
+    active = [view["id"] for view in views if view["status"] in RUN_ACTIVE]
+    if not active:
+        return
+    live = set(
+        session.scalars(
+            select(Item.run_id)
+            .where(
+                Item.run_id.in_(active),
+                Item.status.in_(ITEM_IN_FLIGHT),
+                Item.lease_until > utcnow(),
+            )
+            .distinct()
+        )
+    )
+    for view in views:
+        if view["id"] in active and view["id"] not in live:
+            view["interrupted"] = True
+
+
+def release(runtime: Runtime, run_id: str) -> None:
+    """After Ctrl-C: the items this process handed out go back to pending, so the run reads
+    as interrupted at once (not when their leases run out) and a resume sends them again."""
+    runtime.runs.resume(run_id, PROJECT)
 
 
 # --- scoring ---------------------------------------------------------------------------------

@@ -88,11 +88,13 @@ class LocalBackend:
     def runs(self, status: str | None, name: str | None, limit: int) -> list[dict[str, Any]]:
         with self.database.session() as session:
             views, _ = queries.list_runs(session, PROJECT, status=status, name=name, limit=limit)
+            local.mark_interrupted(session, views)
         return views
 
     def view(self, run_id: str, by: str | None = None) -> dict[str, Any]:
         with self.database.session() as session:
             view = queries.run_view(session, self._run(session, run_id))
+            local.mark_interrupted(session, [view])
             if by is not None:
                 view["by_group"] = queries.group_summary(session, run_id, by)
         return view

@@ -39,6 +39,9 @@ class Backend(Protocol):
 
     def cancel(self, run_id: str) -> dict[str, Any]: ...
 
+    #: Where the runs were looked for, for people: "the API at URL", "the local database F".
+    where: str
+
     def agreement(self, run_id: str) -> dict[str, Any]: ...
 
     def close(self) -> None: ...
@@ -47,6 +50,7 @@ class Backend(Protocol):
 class ApiBackend:
     def __init__(self, client: Client) -> None:
         self.client = client
+        self.where = f"the API at {client.api_url}"
 
     def runs(self, status: str | None, name: str | None, limit: int) -> list[dict[str, Any]]:
         return [run.view for run in self.client.runs(status=status, name=name, limit=limit)]
@@ -78,6 +82,7 @@ class LocalBackend:
     def __init__(self, settings: Settings, database: Database | None = None) -> None:
         self.settings = settings
         self.database = database or open_local_database(settings)
+        self.where = local_database(settings)
 
     def _run(self, session: Any, run_id: str) -> Any:
         run = session.get(Run, run_id)
@@ -155,11 +160,22 @@ def open_backend(args: argparse.Namespace) -> Backend:
     return LocalBackend(settings)
 
 
+#: What a client command says when it read the local database: how to ask a service.
+ASK_THE_SERVICE = "(a run of a service: pass --api URL or set RECALLQ_API_URL)"
+
+
+def local_database(settings: Settings) -> str:
+    return f"the local database {database_label(settings.database_url)}"
+
+
 def not_found(run_id: str, settings: Settings) -> str:
-    return (
-        f"run {run_id} not found in the local database {database_label(settings.database_url)} "
-        "(a run of a service: pass --api URL or set RECALLQ_API_URL)"
-    )
+    return f"run {run_id} not found in {local_database(settings)} {ASK_THE_SERVICE}"
+
+
+def nothing_found(backend: Backend, what: str = "runs") -> str:
+    """What a listing that found nothing says: where it looked, and how to look elsewhere."""
+    hint = f" {ASK_THE_SERVICE}" if isinstance(backend, LocalBackend) else ""
+    return f"no {what} in {backend.where}{hint}"
 
 
 def open_local_database(settings: Settings) -> Database:

@@ -16,7 +16,7 @@ from typing import Any
 
 from recallq import display, gates
 from recallq.cli import local_runs
-from recallq.cli.backends import DEFAULT_API_URL, api_url, open_backend
+from recallq.cli.backends import DEFAULT_API_URL, api_url, nothing_found, open_backend
 from recallq.cli.reports import write_report
 from recallq.client import Client
 from recallq.gates import CommandError, Exit
@@ -95,6 +95,13 @@ def runs(args: argparse.Namespace) -> int:
         backend.close()
     if args.json:
         _print_json(views)
+    elif not views:
+        filtered = " ".join(
+            f"--{name} {value}"
+            for name, value in (("status", args.status), ("name", args.name))
+            if value
+        )
+        print(nothing_found(backend, "runs" + (f" matching {filtered}" if filtered else "")))
     else:
         for line in display.runs_table(views):
             print(line)

@@ -624,3 +624,19 @@ def test_a_local_run_cancelled_from_another_shell_resumes_where_it_stopped(
         sent |= {data["ground_truth"]} if "ground_truth" in data else set()
         sent |= {truth["text"] for truth in data.get("ground_truths", [])}
     assert sent <= unscored, sent - unscored
+
+
+def test_runs_that_finds_none_says_where_it_looked_and_how_to_ask_the_service(
+    tmp_path: Path,
+) -> None:
+    env = {"RECALLQ_DATABASE_URL": f"sqlite:///{tmp_path / 'empty.db'}"}
+    assert recallq("migrate", cwd=tmp_path, env=env).returncode == 0
+    listed = recallq("runs", cwd=tmp_path, env=env)
+    assert listed.returncode == 0, listed.stderr
+    where = f"the local database {tmp_path / 'empty.db'}"
+    ask = "(a run of a service: pass --api URL or set RECALLQ_API_URL)"
+    assert listed.stdout.strip() == f"no runs in {where} {ask}"
+    missing = recallq("status", "some-run", cwd=tmp_path, env=env)
+    assert missing.returncode == 2 and f"in {where} {ask}" in missing.stderr  # the same words
+    filtered = recallq("runs", "--status", "cancelled", cwd=tmp_path, env=env)
+    assert filtered.stdout.startswith("no runs matching --status cancelled in the local database")

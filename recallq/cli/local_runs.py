@@ -19,6 +19,7 @@ from recallq import dataset, display, gates, local, migrate, queries, runs
 from recallq.cli.backends import LocalBackend, not_found, open_local_database
 from recallq.cli.reports import REPORT_LOWEST, write_report
 from recallq.gates import CommandError, Exit
+from recallq.ingest import SubmissionError
 from recallq.judge_models import LEXICAL
 from recallq.local import LocalRunner
 from recallq.runs import RunConflict, RunService
@@ -61,6 +62,24 @@ def report(
     return code
 
 
+def rejected_file(path: Path, code: str, message: str) -> str | None:
+    """The line for a file whose items as a whole were refused (an empty file, no context
+    anywhere): named by the file, with the fields it has. None for any other refusal."""
+    if code == "empty_run":
+        return f"{path}: the file has no items"
+    if code != "no_context":
+        return None
+    try:
+        first = next(dataset.read_records(path), {})
+    except dataset.DatasetError:
+        first = {}
+    fields = ", ".join(str(name) for name in first) or "none"
+    return (
+        f"{path}: no item has a context (its fields: {fields}); name the field that holds the "
+        "retrieved passages with --map context=FIELD, or give the run --context"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """`recallq run FILE`: score a file in this process; the same command again resumes."""
     if args.batch:
@@ -89,6 +108,11 @@ def run(args: argparse.Namespace) -> int:
         migrate.upgrade(settings.database_url)
         try:
             opened = local.open_file_run(runtime, args.file, spec, mapping, fresh=args.fresh)
+        except SubmissionError as exc:
+            line = rejected_file(args.file, exc.code, exc.message)
+            if line is None:
+                raise
+            raise CommandError(line) from None
         except KeyboardInterrupt:
             # the submission stores a run whole or not at all
             print(

@@ -18,8 +18,9 @@ from recallq import display, gates
 from recallq.cli import local_runs
 from recallq.cli.backends import DEFAULT_API_URL, api_url, nothing_found, open_backend
 from recallq.cli.reports import write_report
-from recallq.client import Client
+from recallq.client import ApiError, Client
 from recallq.gates import CommandError, Exit
+from recallq.ingest import SubmissionError
 from recallq.settings import Settings
 from recallq.status import RUN_ACTIVE, RunStatus
 
@@ -53,17 +54,14 @@ def submit(args: argparse.Namespace) -> int:
     mapping = dataset.parse_mapping(args.map or [])
     settings: Settings = args.settings
     with Client(api_url(args, settings) or DEFAULT_API_URL, settings.api_key) as client:
-        run = client.submit(
-            args.file,
-            model=args.model,
-            name=args.name,
-            scale=args.scale,
-            context=args.context,
-            context_extractor=args.context_extractor,
-            mapping=mapping,
-            progress=not args.quiet,
-            mode="batch" if args.batch else None,
-        )
+        try:
+            run = _submitted(client, args, mapping)
+        except (ApiError, SubmissionError) as exc:
+            line = local_runs.rejected_file(args.file, exc.code, exc.message)
+            if line is None:
+                raise
+            status = f"{exc.status} {exc.code}: " if isinstance(exc, ApiError) else ""
+            raise CommandError(status + line) from None
         if not args.wait:
             print(run.id)
             return Exit.OK
@@ -85,6 +83,20 @@ def submit(args: argparse.Namespace) -> int:
     if code == Exit.OK and (thresholds.min_score is not None or thresholds.max_failed is not None):
         print(gates.passed_line(view, thresholds), file=sys.stderr)
     return code
+
+
+def _submitted(client: Client, args: argparse.Namespace, mapping: dict[str, str]) -> Any:
+    return client.submit(
+        args.file,
+        model=args.model,
+        name=args.name,
+        scale=args.scale,
+        context=args.context,
+        context_extractor=args.context_extractor,
+        mapping=mapping,
+        progress=not args.quiet,
+        mode="batch" if args.batch else None,
+    )
 
 
 def runs(args: argparse.Namespace) -> int:

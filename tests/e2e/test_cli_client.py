@@ -100,6 +100,8 @@ def test_errors_are_reported_without_a_traceback(api_url: str, tmp_path: Path) -
     submitted = recallq("submit", str(bad), api=api_url)
     assert submitted.returncode == 2
     assert "422 no_context" in submitted.stderr and "Traceback" not in submitted.stderr
+    assert "(its fields: id, ground_truth)" in submitted.stderr
+    assert "--map context=FIELD" in submitted.stderr
     missing = recallq("status", "no-such-run", api=api_url)
     assert missing.returncode == 2 and "404 not_found" in missing.stderr
     nothing = recallq("submit", str(tmp_path / "nothing.jsonl"), api=api_url)

@@ -640,3 +640,18 @@ def test_runs_that_finds_none_says_where_it_looked_and_how_to_ask_the_service(
     assert missing.returncode == 2 and f"in {where} {ask}" in missing.stderr  # the same words
     filtered = recallq("runs", "--status", "cancelled", cwd=tmp_path, env=env)
     assert filtered.stdout.startswith("no runs matching --status cancelled in the local database")
+
+
+def test_a_file_refused_as_a_whole_is_named_with_its_fields(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    done = recallq("run", str(empty), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr == f"recallq: {empty}: the file has no items\n"
+    unknown = tmp_path / "export.csv"
+    unknown.write_text("question,gold_answer,passages\nq,Snow is white.,Snow is white.\n")
+    done = recallq("run", str(unknown), cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"{unknown}: no item has a context" in done.stderr, done.stderr
+    assert "(its fields: question, gold_answer, passages)" in done.stderr
+    assert "--map context=FIELD" in done.stderr

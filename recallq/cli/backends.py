@@ -16,6 +16,7 @@ from recallq.client import Client
 from recallq.db import Database, is_sqlite
 from recallq.display import database_label
 from recallq.gates import CommandError
+from recallq.groups import UnknownField
 from recallq.runs import RunService
 from recallq.settings import Settings
 from recallq.tables import Run
@@ -101,7 +102,10 @@ class LocalBackend:
             view = queries.run_view(session, self._run(session, run_id))
             local.mark_interrupted(session, [view])
             if by is not None:
-                view["by_group"] = queries.group_summary(session, run_id, by)
+                try:
+                    view["by_group"] = queries.group_summary(session, run_id, by)
+                except UnknownField as exc:
+                    raise CommandError(str(exc)) from None
         return view
 
     def results(self, run_id: str, format: str, item_data: bool) -> Iterator[bytes]:

@@ -19,6 +19,7 @@ from recallq import dataset, display, gates, local, migrate, queries, runs
 from recallq.cli.backends import LocalBackend, not_found, open_local_database
 from recallq.cli.reports import REPORT_LOWEST, write_report
 from recallq.gates import CommandError, Exit
+from recallq.groups import UnknownField
 from recallq.ingest import SubmissionError
 from recallq.judge_models import LEXICAL
 from recallq.local import LocalRunner
@@ -244,7 +245,10 @@ def _score(
     groups = None
     if by:
         with runtime.database.session() as session:
-            groups = queries.group_summary(session, run_id, by)
+            try:
+                groups = queries.group_summary(session, run_id, by)
+            except UnknownField as exc:  # the run is scored: say so, and show the rest
+                print(f"recallq: --by: {exc}", file=sys.stderr)
     return report(view, gates.Gate.of(args), sys.stdout, by=by, groups=groups, footer=footer)
 
 

@@ -289,3 +289,28 @@ def test_a_bad_item_read_mid_upload_stores_nothing(api_url: str) -> None:
             client.submit(items, name="cut-short")
         assert client.runs(name="cut-short") == []
         assert client.get("/healthz") == {"status": "ok"}
+
+
+def test_by_a_field_no_item_has_is_a_422_naming_the_fields(api_url: str, tmp_path: Path) -> None:
+    import httpx
+
+    data = tmp_path / "topics.jsonl"
+    items = [
+        {
+            "id": f"t{n}",
+            "ground_truth": "Snow is white.",
+            "context": ["Snow is white."],
+            "metadata": {"topic": "weather"},
+        }
+        for n in range(2)
+    ]
+    data.write_text("".join(json.dumps(item) + "\n" for item in items))
+    run_id = json.loads(recallq("submit", str(data), "--wait", "--json", api=api_url).stdout)["id"]
+    response = httpx.get(f"{api_url}/v1/runs/{run_id}", params={"by": "topc"})
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "unknown_field"
+    assert error["message"] == "no item has the metadata field 'topc'; the items' fields: topic"
+    assert httpx.get(f"{api_url}/v1/runs/{run_id}", params={"by": "topic"}).status_code == 200
+    page = httpx.get(f"{api_url}/runs/{run_id}", params={"by": "topc"})
+    assert page.status_code == 200 and "the items&#39; fields: topic" in page.text

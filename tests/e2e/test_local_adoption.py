@@ -655,3 +655,26 @@ def test_a_file_refused_as_a_whole_is_named_with_its_fields(tmp_path: Path) -> N
     assert f"{unknown}: no item has a context" in done.stderr, done.stderr
     assert "(its fields: question, gold_answer, passages)" in done.stderr
     assert "--map context=FIELD" in done.stderr
+
+
+def test_by_a_field_no_item_has_lists_the_fields_that_exist(tmp_path: Path) -> None:
+    items = [
+        {
+            "id": f"t{n}",
+            "ground_truth": "Snow is white.",
+            "context": ["Snow is white."],
+            "metadata": {"topic": "weather", "lang": "en"},
+        }
+        for n in range(3)
+    ]
+    data = _jsonl(tmp_path / "topics.jsonl", items)
+    done = recallq("run", str(data), "--by", "topc", "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr  # the run is scored; the slice is refused
+    message = "no item has the metadata field 'topc'; the items' fields: lang, topic"
+    assert f"recallq: --by: {message}" in done.stderr
+    assert "(missing)" not in done.stdout
+    run_id = done.stdout.split("run                ")[1].split()[0]
+    status = recallq("status", run_id, "--by", "topc", cwd=tmp_path)
+    assert status.returncode == 2 and status.stderr == f"recallq: {message}\n"
+    sliced = recallq("status", run_id, "--by", "topic", cwd=tmp_path)
+    assert "weather" in sliced.stdout

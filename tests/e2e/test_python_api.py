@@ -149,6 +149,9 @@ def test_a_dataframe_in_and_out(database: str) -> None:
         "metal": {"items": 2, "scored_items": 2, "failed": 0, "mean_score": 0.75},
         "misc": {"items": 1, "scored_items": 1, "failed": 0, "mean_score": 0.0},
     }
+    with pytest.raises(ValueError, match="no item has the metadata field 'categroy'") as refused:
+        result.summary_by("categroy")
+    assert "the items' fields: " in str(refused.value) and "category" in str(refused.value)
 
 
 def test_a_parquet_file(tmp_path: Path, database: str) -> None:

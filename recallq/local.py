@@ -37,7 +37,7 @@ from recallq.outcomes import Taken
 from recallq.redact import install_log_redaction
 from recallq.runs import RunService
 from recallq.runtime import Runtime
-from recallq.settings import Settings
+from recallq.settings import DEFAULT_RETRY_DEADLINE, Settings
 from recallq.status import (
     ITEM_IN_FLIGHT,
     PUBLIC_ITEM_ENDED,
@@ -193,8 +193,19 @@ def run_key(path: Path, spec: ingest.RunSpec, mapping: Mapping[str, str]) -> str
     with path.open("rb") as handle:
         while chunk := handle.read(1 << 20):
             content.update(chunk)
+    return content_key(content.hexdigest(), spec, mapping)
+
+
+def items_key(items: Sequence[Mapping[str, Any]], spec: ingest.RunSpec) -> str:
+    """The idempotency key of a local run of in-memory items (a list, a DataFrame): a digest
+    of the canonical items and the run's fields, as run_key is of a file."""
+    text = json.dumps(list(items), sort_keys=True, ensure_ascii=False, default=str)
+    return content_key("items:" + hashlib.sha256(text.encode()).hexdigest(), spec, {})
+
+
+def content_key(content: str, spec: ingest.RunSpec, mapping: Mapping[str, str]) -> str:
     fields = {
-        "file": content.hexdigest(),
+        "file": content,
         "model": spec.model,
         "name": spec.name,
         "scale": spec.scale,
@@ -202,6 +213,8 @@ def run_key(path: Path, spec: ingest.RunSpec, mapping: Mapping[str, str]) -> str
         "context_extractor": spec.context_extractor,
         "mapping": dict(sorted(mapping.items())),
     }
+    if spec.retry_deadline_s != DEFAULT_RETRY_DEADLINE:  # keys made before it stay valid
+        fields["retry_deadline_s"] = spec.retry_deadline_s
     text = json.dumps(fields, sort_keys=True, ensure_ascii=False)
     return RUN_KEY_PREFIX + hashlib.sha256(text.encode()).hexdigest()
 
@@ -232,7 +245,18 @@ def open_file_run(
     """The run of this file with these fields: the one made before (resumed), or a new one.
     `fresh`, or a run that was cancelled, starts over: the old run keeps its results but
     hands its key to the new one, so the next plain `recallq run` resumes the new one."""
-    spec = dataclasses.replace(spec, idempotency_key=run_key(path, spec, mapping))
+    return open_run(
+        runtime,
+        dataclasses.replace(spec, idempotency_key=run_key(path, spec, mapping)),
+        lambda: dataset.items_from(path, mapping=mapping),
+        fresh,
+    )
+
+
+def open_run(
+    runtime: Runtime, spec: ingest.RunSpec, items: Callable[[], Iterable[Any]], fresh: bool
+) -> Opened:
+    """The run with `spec`'s idempotency key (see open_file_run), or a new one of `items`."""
     with runtime.database.session() as session:
         found = ingest.find_by_idempotency_key(session, spec)
         status = None if found is None else found.status
@@ -243,8 +267,7 @@ def open_file_run(
         note = f"run {found.id} of this file is kept as it is ({why}); starting a new run"
         found = None
     if found is None:
-        items = dataset.items_from(path, mapping=mapping)
-        return Opened(create_run(runtime, spec, items), "created", note=note)
+        return Opened(create_run(runtime, spec, items()), "created", note=note)
     if status in RUN_ENDED:
         return Opened(found.id, "finished")
     return Opened(found.id, "resumed", runtime.runs.resume(found.id, spec.project))

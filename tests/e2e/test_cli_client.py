@@ -259,7 +259,8 @@ def test_python_client(api_url: str) -> None:
         view = run.wait(progress=False)
         assert view["status"] == "completed" and view["counts"]["succeeded"] == 7
         assert [item["id"] for item in run.items(page_size=3)] == [str(n) for n in range(7)]
-        scored = list(run.items(status="succeeded", item_data=False))
+        scored = run.items(status="succeeded", item_data=False)
+        assert len(scored) == len(list(run.iter_items(status="succeeded", item_data=False)))
         assert len(scored) == 7 and "metadata" not in scored[0]
         table = run.to_pandas()
         assert list(table["score"]) == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0]

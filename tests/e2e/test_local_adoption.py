@@ -678,3 +678,16 @@ def test_by_a_field_no_item_has_lists_the_fields_that_exist(tmp_path: Path) -> N
     assert status.returncode == 2 and status.stderr == f"recallq: {message}\n"
     sliced = recallq("status", run_id, "--by", "topic", cwd=tmp_path)
     assert "weather" in sliced.stdout
+
+
+def test_api_on_a_busy_port_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = recallq("api", "--host", "127.0.0.1", "--port", str(port), cwd=tmp_path, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"recallq: cannot listen on 127.0.0.1:{port}: ")

@@ -49,10 +49,16 @@ def _run_url(run_id: str) -> str:
     return f"/runs/{quote(run_id, safe='')}"
 
 
+def _whole(value: str, digits: int) -> bool:
+    """A form or query field of at most `digits` ASCII digits (str.isdigit also takes "²",
+    which int() refuses)."""
+    return value.isascii() and value.isdigit() and len(value) <= digits
+
+
 def _position(value: str | None, name: str, size: int) -> int | None:
     if value is None or value == "":
         return None
-    if not value.isdigit() or len(value) > 9 or int(value) >= max(size, 1):
+    if not _whole(value, 9) or int(value) >= max(size, 1):
         raise _bad_request(f"{name} must be a claim position from 0 to {max(size - 1, 0)}")
     return int(value)
 
@@ -138,7 +144,7 @@ async def label_post(request: Request, run_id: str) -> Response:
     form, who = await _writer_form(request, run_id)
     item_id = form.get("item_id", "")
     index = form.get("claim_index", "")
-    if not plausible_id(item_id) or not index.isdigit() or len(index) > 9:
+    if not plausible_id(item_id) or not _whole(index, 9):
         raise _bad_request("the form names no claim")
     verdict = form.get("verdict", "")
     if verdict not in labels.VERDICTS and verdict != "clear":
@@ -173,7 +179,7 @@ async def label_post(request: Request, run_id: str) -> Response:
     else:
         at = form.get("at", "")
         target = f"{_run_url(found)}/label" + (
-            "?" + urlencode({"prev": at}) if at.isdigit() and len(at) <= 9 else ""
+            "?" + urlencode({"prev": at}) if _whole(at, 9) else ""
         )
     return RedirectResponse(target, status_code=303, headers=PAGE_HEADERS)
 
@@ -182,7 +188,7 @@ async def label_post(request: Request, run_id: str) -> Response:
 async def sample_post(request: Request, run_id: str) -> Response:
     form, who = await _writer_form(request, run_id)
     size, seed = form.get("size", ""), form.get("seed", "0") or "0"
-    if not size.isdigit() or not seed.isdigit() or len(size) > 6 or len(seed) > 18:
+    if not _whole(size, 6) or not _whole(seed, 18):
         raise _bad_request(f"the sample size must be 1 to {labels.MAX_SAMPLE}, the seed 0 or more")
     runtime = _runtime(request)
 

@@ -12,7 +12,8 @@ Every route looks the run up in the key's project (another project's run is a 40
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import json
+from collections.abc import Callable, Iterator
 from typing import Annotated, Any, Literal, TypeVar
 
 import anyio.to_thread
@@ -34,6 +35,8 @@ from recallq.tables import Run
 router = APIRouter(tags=["labels"])
 errors = schemas.error_responses
 T = TypeVar("T")
+LABEL_PAGE = 1_000  # labels of the export read at once
+SAMPLE_PAGE_ITEMS = 10  # items of the sample file read at once (each up to ~1 MB of passages)
 ClaimIndex = Annotated[int, Path(ge=0, le=2**31 - 1, description="the claim's index")]
 
 
@@ -199,11 +202,33 @@ def get_labels(
     format: Literal["json", "jsonl", "csv"] = "json",
 ) -> Any:
     """Every label of the run, in item then claim order."""
-    found = _in_run(runtime, run_id, project, lambda s, run: labels.list_labels(s, run.id))
+    found = _in_run(runtime, run_id, project, lambda s, run: run.id)
+    media = {"json": "application/json", "csv": "text/csv", "jsonl": "application/x-ndjson"}
+    return StreamingResponse(_label_pages(runtime, found, format), media_type=media[format])
+
+
+def _label_pages(runtime: Runtime, run_id: str, format: str) -> Iterator[str]:
+    """The labels, LABEL_PAGE of them per short transaction, as fast as the client reads
+    (a run's labels carry notes of up to 2,000 characters each: held at once, a large run's
+    were hundreds of megabytes per request)."""
+    after: tuple[int, int] | None = None
+    first = True
     if format == "json":
-        return {"labels": found}
-    media = "text/csv" if format == "csv" else "application/x-ndjson"
-    return StreamingResponse(iter(labels.export_lines(found, format)), media_type=media)
+        yield '{"labels": ['
+    while True:
+        with runtime.database.session() as session:
+            page, after = labels.list_labels(session, run_id, after, LABEL_PAGE)
+        if format == "json":
+            for label in page:
+                yield ("" if first else ",") + json.dumps(label, ensure_ascii=False)
+                first = False
+        else:
+            yield from labels.export_lines(page, format, header=first)
+            first = False
+        if len(page) < LABEL_PAGE:
+            break
+    if format == "json":
+        yield "]}"
 
 
 @router.post(
@@ -300,18 +325,31 @@ def get_sample(
 ) -> Any:
     """The run's drawn sample; 404 when none was drawn."""
 
-    def read(session: Session, run: Run) -> Any:
+    def read(session: Session, run: Run) -> tuple[str, int, list[str]]:
         drawn = labels.sample_of(session, run.id)
         if drawn is None:
             raise labels.LabelError(f"run {run.id} has no sample drawn", 404)
-        if format == "json":
-            return {"seed": drawn.seed, "item_ids": drawn.item_keys}
-        return list(labels.sample_lines(labels.sample_rows(session, run, drawn.item_keys)))
+        return run.id, drawn.seed, list(drawn.item_keys)
 
-    found = _in_run(runtime, run_id, project, read)
+    found, seed, keys = _in_run(runtime, run_id, project, read)
     if format == "json":
-        return found
-    return StreamingResponse(iter(found), media_type="text/csv")
+        return {"seed": seed, "item_ids": keys}
+    return StreamingResponse(_sample_csv(runtime, found, keys), media_type="text/csv")
+
+
+def _sample_csv(runtime: Runtime, run_id: str, keys: list[str]) -> Iterator[str]:
+    """The sample file, read a few items at a time in short transactions. Every claim's row
+    repeats its item's passages (up to a megabyte), so the whole file of a large sample is
+    gigabytes: held at once, a few requests would exhaust the API's memory. (Starlette
+    iterates this in its thread pool, and only as fast as the client reads.)"""
+    yield from labels.sample_lines(())
+    for start in range(0, len(keys), SAMPLE_PAGE_ITEMS):
+        with runtime.database.session() as session:
+            run = session.get(Run, run_id)
+            if run is None:  # deleted while it was read
+                return
+            rows = list(labels.sample_rows(session, run, keys[start : start + SAMPLE_PAGE_ITEMS]))
+        yield from labels.sample_lines(rows, header=False)
 
 
 @router.get(

@@ -20,7 +20,7 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import HttpError
-from recallq import metrics
+from recallq import metrics, metrics_state
 from recallq.runtime import Runtime
 
 # a method a client invents is one series more: anything else is "other"
@@ -31,10 +31,10 @@ def install(app: FastAPI, runtime: Runtime) -> None:
     """The route, the request timing, and the state this process reports when scraped."""
     models = runtime.models.keys
     collectors: list[Collector] = [
-        metrics.WorkCollector(runtime.database, models, runtime.heartbeat)
+        metrics_state.WorkCollector(runtime.database, models, runtime.heartbeat)
     ]
     if runtime.redis is not None:  # the breakers' state is shared in Redis
-        collectors.append(metrics.BreakerCollector(runtime.breaker, models))
+        collectors.append(metrics_state.BreakerCollector(runtime.breaker, models))
     metrics.use_state_collectors(*collectors)
     token = runtime.settings.metrics_token
     app.add_middleware(_RequestMetrics)

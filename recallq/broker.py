@@ -16,12 +16,14 @@ from __future__ import annotations
 import base64
 import json
 from collections.abc import Mapping, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
-from celery import Celery
 from redis import Redis
 
 from recallq.outcomes import Taken
+
+if TYPE_CHECKING:  # the app is made by whoever sends (the API, a worker): local mode never is
+    from celery import Celery
 
 QUEUE = "recallq"
 DISPATCH = "recallq.dispatch"

@@ -126,6 +126,7 @@ def items_from(data: Any, *, mapping: Mapping[str, str] | None = None) -> Iterat
     Errors name where the record came from: ``data.csv line 4: item 2 (q3): ...``.
     """
     mapping = mapping or {}
+    index = -1
     for index, (where, record) in enumerate(_located_records(data, mapping)):
         try:
             item = normalise(record, index, mapping)
@@ -134,6 +135,8 @@ def items_from(data: Any, *, mapping: Mapping[str, str] | None = None) -> Iterat
                 raise
             raise DatasetError(f"{where}: {exc}") from None
         yield item
+    if index < 0 and isinstance(data, str | PathLike):
+        raise DatasetError(f"{data}: the file holds no items")
 
 
 def normalise(
@@ -663,16 +666,21 @@ def _context_columns(mapping: Mapping[str, str]) -> set[str]:
     return {"context", *FIELD_ALIASES["context"], *mapped} - mapped_away
 
 
-def _csv_header_is_known(path: Path, name: str, mapping: Mapping[str, str]) -> bool:
+def _names_a_field(header: list[str], mapping: Mapping[str, str]) -> bool:
+    """Whether a CSV header names at least one item field (or a column mapped to one)."""
     known = {*CANONICAL_FIELDS, *_ALIAS_TO_FIELD, *mapping}
+    names = {cell.strip() for cell in header}
+    return bool(names & known) or any(_CONTEXT_COLUMN.fullmatch(n) for n in names)
+
+
+def _csv_header_is_known(path: Path, name: str, mapping: Mapping[str, str]) -> bool:
     with path.open("rb") as file:
         lines = (line for _, line in _utf8_lines(file, name))
         try:
             header = next(csv.reader(lines), [])
         except csv.Error:
             return False
-    names = {cell.strip() for cell in header}
-    return bool(names & known) or any(_CONTEXT_COLUMN.fullmatch(n) for n in names)
+    return _names_a_field(header, mapping)
 
 
 def _csv_list_cell(cell: str, column: str, where: str) -> list[Any] | str:
@@ -721,6 +729,8 @@ def _csv_records(
             if header is None:
                 return
             columns = _csv_columns(header, name, context_columns)
+            if not _names_a_field(columns, mapping):
+                raise _no_item_field(name, columns)
             # context_1..n become one list under a context name no column of the file uses (a
             # `context` column may be there, mapped away: DeepEval's ideal context)
             free = [c for c in ("context", *FIELD_ALIASES["context"]) if c not in columns]
@@ -734,6 +744,19 @@ def _csv_records(
                     yield f"{name} line {start_line}", record
         except csv.Error as exc:
             raise DatasetError(f"{name} line {reader.line_num}: invalid CSV: {exc}") from None
+
+
+def _no_item_field(name: str, columns: list[str]) -> DatasetError:
+    """A CSV file none of whose columns is an item field: each item would be metadata only,
+    without a ground truth or a context, which no run can score."""
+    named = [c for c in columns if c]
+    if not named:
+        return DatasetError(f"{name} line 1: the header names no column")
+    return DatasetError(
+        f"{name} line 1: no column is an item field (the columns are {_quoted_list(named)}); "
+        "name them id, input, output, ground_truth and context, or map them, e.g. "
+        f"--map {named[0]}=ground_truth (mapping= in Python)"
+    )
 
 
 def _csv_columns(header: list[str], name: str, context_columns: set[str]) -> list[str]:

@@ -319,11 +319,13 @@ class Engine:
         incident fails it only once its run's retry deadline has passed. A run whose budget
         is spent is cancelled (reason "budget"), this item with it. Any other error fails it
         at once, with the provider's message."""
-        if isinstance(exc, RunCancelled) and exc.reason == "budget":
-            if self.runs.cancel_for_budget(taken.run_id):
-                log.info("run %s reached its budget: cancelled", taken.run_id)
+        if isinstance(exc, RunCancelled):
+            if exc.reason == "budget" and self.runs.cancel_for_budget(taken.run_id):
+                log.info("run %s reached its budget: cancelled", taken.run_id[:8])
             # the item is cancelled now: fail() finds it so and only charges what was spent
-            return self._fail(taken, str(exc), usage, stage)
+            ended = self.items.fail(taken, str(exc), usage, stage)
+            log.info("%s cancelled: %s", taken.label, exc)
+            return ended
         deadline = pipeline.retry_deadline_s(taken.retry_deadline_s, self.retry_deadline)
         decision = pipeline.after_error(exc, taken.waiting_since, time.time(), deadline)
         if isinstance(decision, Failed):
@@ -332,8 +334,10 @@ class Engine:
         return self.items.defer(taken, delay, usage, stage, _datetime(decision.since_s))
 
     def _fail(self, taken: Taken, error: str, usage: Usage, stage: Stage) -> Ended | Skipped:
-        log.info("item %s of run %s failed: %s", taken.item_id, taken.run_id, error)
-        return self.items.fail(taken, error, usage, stage)
+        ended = self.items.fail(taken, error, usage, stage)
+        if isinstance(ended, Ended):  # else it had moved on: cancelled, or taken over
+            log.info("%s failed: %s", taken.label, error)
+        return ended
 
 
 def extraction_packs(

@@ -101,6 +101,13 @@ def spreadsheet_safe(value: Any) -> Any:
     return value
 
 
+def spreadsheet_original(cell: str) -> str:
+    """The text spreadsheet_safe made this cell from (a cell it did not change as it is)."""
+    if cell.startswith("'") and cell[1:].startswith(FORMULA_STARTS):
+        return cell[1:]
+    return cell
+
+
 def _cell(value: Any) -> Any:
     """Numbers as they are; text made spreadsheet-safe; lists, objects and the like as JSON
     (which starts with `[`, `{` or `"`, never a formula)."""

@@ -22,10 +22,10 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import case, delete, func, select, tuple_
 from sqlalchemy.orm import Session
 
-from recallq import agreement
+from recallq import agreement, kept
 from recallq.agreement import JudgeTotals, LabelledClaim, LabelledItem
 from recallq.groups import MISSING_GROUP, group_value
 from recallq.inputs import text_problem
@@ -38,6 +38,10 @@ MAX_SAMPLE = 10_000  # items in one labelling sample (each is a stored id)
 MAX_IMPORT_BYTES = 10 * 1024 * 1024
 MAX_IMPORT_ROWS = 100_000
 MAX_PROBLEMS = 200  # problems listed in an import's answer (all are counted)
+# values of a `by=` field the agreement is split by: each is a bootstrap of its own (about
+# 3 ms), so a field with a value per item (an id) would cost minutes of CPU per request
+MAX_AGREEMENT_GROUPS = 100
+BIND_CHUNK = 10_000  # ids per IN (...): a statement binds at most 65,535 values (psycopg)
 SAMPLE_COLUMNS = [
     "item_id",
     "claim_index",
@@ -181,30 +185,42 @@ def label_view(
     }
 
 
-def list_labels(session: Session, run_id: str) -> list[dict[str, Any]]:
-    """Every label of the run, in item order then claim order."""
-    rows = session.execute(
-        select(Item.key, Claim, ClaimLabel)
+def list_labels(
+    session: Session, run_id: str, after: tuple[int, int] | None = None, limit: int | None = None
+) -> tuple[list[dict[str, Any]], tuple[int, int] | None]:
+    """The run's labels in item order then claim order: `limit` of them after the position
+    `after` (item index, claim index), and the position of the last one (None when none)."""
+    query = (
+        select(Item.idx, Item.key, Claim, ClaimLabel)
         .join(Item, Item.id == ClaimLabel.item_id)
         .join(Claim, (Claim.item_id == ClaimLabel.item_id) & (Claim.idx == ClaimLabel.claim_idx))
         .where(ClaimLabel.run_id == run_id)
         .order_by(Item.idx, ClaimLabel.claim_idx)
     )
-    return [
+    if after is not None:
+        query = query.where(tuple_(Item.idx, ClaimLabel.claim_idx) > tuple_(*after))
+    if limit is not None:
+        query = query.limit(limit)
+    rows = list(session.execute(query))
+    found = [
         label_view(key, claim, label.verdict, label.note, label.labelled_by, label.labelled_at)
-        for key, claim, label in rows
+        for _, key, claim, label in rows
     ]
+    return found, ((rows[-1][0], rows[-1][3].claim_idx) if rows else None)
 
 
-def export_lines(labels: Iterable[dict[str, Any]], format: str) -> Iterator[str]:
-    """The labels as JSONL or CSV text lines."""
+def export_lines(
+    labels: Iterable[dict[str, Any]], format: str, header: bool = True
+) -> Iterator[str]:
+    """The labels as JSONL or CSV text lines (`header`: the CSV's first line)."""
     if format == "jsonl":
         for label in labels:
             yield json.dumps(label, ensure_ascii=False) + "\n"
         return
     from recallq.export import spreadsheet_safe
 
-    yield _csv_line(EXPORT_COLUMNS)
+    if header:
+        yield _csv_line(EXPORT_COLUMNS)
     for label in labels:
         yield _csv_line([spreadsheet_safe(label[c]) for c in EXPORT_COLUMNS])
 
@@ -245,7 +261,7 @@ def parse_file(data: bytes, format: str | None = None) -> tuple[list[Row], list[
                 continue
             try:
                 value = json.loads(line)
-            except (json.JSONDecodeError, RecursionError):
+            except (ValueError, RecursionError):  # ValueError: an integer of 4,300+ digits
                 problems.append({"line": number, "problem": "not a JSON object"})
                 continue
             if not isinstance(value, dict):
@@ -279,20 +295,33 @@ def import_rows(
     A row whose verdict is empty is skipped (a sample file's rows left to fill in); a second
     row for a claim already labelled by this file is a problem, the first one stands.
     """
-    keys = {str(r.fields.get("item_id")) for r in rows if r.fields.get("item_id") not in (None, "")}
-    items = {
-        item.key: item
-        for item in session.scalars(select(Item).where(Item.run_id == run_id, Item.key.in_(keys)))
-    } if keys else {}  # fmt: skip
+    cells = (_unescaped(r.fields.get("item_id")) for r in rows)
+    keys = sorted({key for pair in cells for key in pair if key and text_problem(key) is None})
     claims: dict[int, dict[int, Claim]] = defaultdict(dict)
     by_text: dict[str, list[tuple[Item, Claim]]] = defaultdict(list)
-    wants_text = any(r.fields.get("claim_index") in (None, "") for r in rows)
+    # rows that name a claim by its text alone: only the claims of those texts are read, not
+    # every claim of the run (millions of rows for a large run, for a one-line file)
+    texts = sorted(
+        {
+            text
+            for r in rows
+            if r.fields.get("item_id") in (None, "") and r.fields.get("claim_index") in (None, "")
+            for text in _unescaped(r.fields.get("claim"))
+            if text_problem(text) is None
+        }
+    )
     query = select(Item, Claim).join(Claim, Claim.item_id == Item.id).where(Item.run_id == run_id)
-    if not wants_text:
-        query = query.where(Item.key.in_(keys))
-    for item, claim in session.execute(query):
-        claims[item.id][claim.idx] = claim
-        if wants_text:
+    items: dict[str, Item] = {}
+    for start in range(0, len(keys), BIND_CHUNK):
+        chunk = keys[start : start + BIND_CHUNK]
+        named = select(Item).where(Item.run_id == run_id, Item.key.in_(chunk))
+        items |= {item.key: item for item in session.scalars(named)}
+        for item, claim in session.execute(query.where(Item.key.in_(chunk))):
+            claims[item.id][claim.idx] = claim
+    for start in range(0, len(texts), BIND_CHUNK):
+        for item, claim in session.execute(
+            query.where(Claim.text.in_(texts[start : start + BIND_CHUNK]))
+        ):
             by_text[claim.text].append((item, claim))
     stored = skipped = 0
     problems: list[dict[str, Any]] = []
@@ -331,7 +360,7 @@ def _row(
     verdict, note = check_verdict(raw), check_note(fields.get("note"))
     key, index, text = fields.get("item_id"), fields.get("claim_index"), fields.get("claim")
     if key not in (None, ""):
-        item = items.get(str(key))
+        item = next((items[k] for k in _unescaped(key) if k in items), None)
         if item is None:
             raise LabelError(f"no item {str(key)[:80]!r} in this run")
         if index not in (None, ""):
@@ -342,23 +371,36 @@ def _row(
             return item, claim, verdict, note
         if not isinstance(text, str) or not text:
             raise LabelError("a row needs claim_index or claim")
-        matches = [c for c in claims[item.id].values() if c.text == text]
+        texts = _unescaped(text)
+        matches = [c for c in claims[item.id].values() if c.text in texts]
         if not matches:
             raise LabelError(f"item {item.key[:80]!r} has no claim {text[:80]!r}")
         return item, matches[0], verdict, note
     if not isinstance(text, str) or not text:
         raise LabelError("a row needs item_id and claim_index, or claim")
-    found = by_text.get(text, [])
+    found = next((by_text[t] for t in _unescaped(text) if t in by_text), [])
     if len(found) != 1:
         why = "no claim" if not found else f"{len(found)} claims"
         raise LabelError(f"{why} of this run reads {text[:80]!r} (add item_id)")
     return found[0][0], found[0][1], verdict, note
 
 
+def _unescaped(value: Any) -> tuple[str, ...]:
+    """What a cell may name: itself, and for a cell our CSV made spreadsheet-safe (`'=x`) also
+    the text before that (`=x`), so a sample file filled in and imported back finds its items."""
+    if value in (None, ""):
+        return ()
+    from recallq.export import spreadsheet_original
+
+    text = str(value)
+    original = spreadsheet_original(text)
+    return (text,) if original == text else (text, original)
+
+
 def _index(value: Any) -> int:
     try:
         number = int(value)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):  # OverflowError: 1e400 is infinity
         raise LabelError(f"claim_index must be a whole number, not {str(value)[:40]!r}") from None
     if isinstance(value, float | bool) or not 0 <= number < 2**31:
         raise LabelError(f"claim_index must be a whole number, not {str(value)[:40]!r}")
@@ -430,11 +472,12 @@ def sample_rows(session: Session, run: Run, keys: Sequence[str]) -> Iterator[dic
             }
 
 
-def sample_lines(rows: Iterable[dict[str, Any]]) -> Iterator[str]:
+def sample_lines(rows: Iterable[dict[str, Any]], header: bool = True) -> Iterator[str]:
     """The sample as CSV lines (cells that a spreadsheet would run as formulas made safe)."""
     from recallq.export import spreadsheet_safe
 
-    yield _csv_line(SAMPLE_COLUMNS)
+    if header:
+        yield _csv_line(SAMPLE_COLUMNS)
     for row in rows:
         yield _csv_line([spreadsheet_safe(row[c]) for c in SAMPLE_COLUMNS])
 
@@ -477,23 +520,25 @@ def _group(metadata: dict[str, Any] | None, by: str | None) -> str | None:
 
 def _judge_totals(session: Session, run: Run, by: str | None) -> dict[str | None, JudgeTotals]:
     """The judge's sums over the run's scored items, per group when `by` is given. Alike
-    items (same claim counts) are counted by the database, so a run moves few rows."""
-    columns: list[Any] = [Item.claims_total, Item.claims_attributed, func.count()]
+    items (same claim counts) are counted by the database, so a run moves few rows. Scores are
+    the stored ones, rounded as reported, so the judge's mean is the run summary's."""
+    columns: list[Any] = [Item.claims_total, Item.claims_attributed, Item.score, func.count()]
     query = select(*columns).where(Item.run_id == run.id, Item.status == ItemStatus.SUCCEEDED)
-    rows: list[tuple[str | None, Any, Any, Any]]
+    rows: list[tuple[str | None, Any, Any, Any, Any]]
     if by is None:
-        rows = [(None, t, a, n) for t, a, n in session.execute(query.group_by(*columns[:2]))]
+        grouped = session.execute(query.group_by(*columns[:3]))
+        rows = [(None, t, a, score, n) for t, a, score, n in grouped]
     else:
         per_item = session.execute(
-            select(Item.item_metadata, Item.claims_total, Item.claims_attributed).where(
+            select(Item.item_metadata, *columns[:3]).where(
                 Item.run_id == run.id, Item.status == ItemStatus.SUCCEEDED
             )
         )
-        rows = [(_group(m, by), t, a, 1) for m, t, a in per_item]
+        rows = [(_group(m, by), t, a, score, 1) for m, t, a, score in per_item]
     sums: dict[str | None, list[float]] = defaultdict(lambda: [0.0] * 9)
-    for group, total, attributed, count in rows:
+    for group, total, attributed, stored, count in rows:
         total, attributed = total or 0, attributed or 0
-        score = attributed / total * run.scale if total else 0.0
+        score = float(stored) if stored is not None else 0.0
         s = sums[group]
         for position, value in enumerate(
             (
@@ -515,20 +560,60 @@ def _judge_totals(session: Session, run: Run, by: str | None) -> dict[str | None
     }
 
 
+#: A completed run's agreement, kept until its labels or its sample change: its bootstraps
+#: cost about 0.5 ms of CPU per labelled item, so 10,000 labelled items took 5.5 s a request.
+_AGREEMENT: kept.Kind[dict[str, Any]] = kept.Kind("agreement", kept.shape("agreement", [1]))
+
+
 def agreement_view(
     session: Session, run: Run, by: str | None = None, seed: int = 0
 ) -> dict[str, Any]:
     """The contract's agreement body for a run's labels. `sample` is "random" when a sample
     was drawn and at least one of its items carries labels: the correction then uses those
     items only (labels elsewhere count in the agreement, not in the correction)."""
+    return kept.get_or_compute(
+        session,
+        _AGREEMENT,
+        [run],
+        lambda: _agreement_view(session, run, by, seed),
+        by=by,
+        seed=seed,
+        labels=_labels_version(session, run.id),
+    )
+
+
+def _labels_version(session: Session, run_id: str) -> list[Any]:
+    """What changes whenever a label of the run is set, changed or cleared, or its sample is
+    drawn again: a part of the kept agreement's key."""
+    yes = case((ClaimLabel.verdict == "yes", ClaimLabel.id), else_=0)
+    labels = session.execute(
+        select(
+            func.count(ClaimLabel.id),
+            func.coalesce(func.sum(ClaimLabel.id), 0),
+            func.coalesce(func.sum(yes), 0),
+            func.max(ClaimLabel.labelled_at),
+        ).where(ClaimLabel.run_id == run_id)
+    ).one()
+    drawn = session.execute(
+        select(LabelSample.seed, LabelSample.drawn_at).where(LabelSample.run_id == run_id)
+    ).one_or_none()
+    return [str(value) for value in (*labels, *(drawn or ()))]
+
+
+def _agreement_view(session: Session, run: Run, by: str | None, seed: int) -> dict[str, Any]:
     items = _labelled_items(session, run.id, by)
     drawn = sample_of(session, run.id)
     in_sample = set(drawn.item_keys) if drawn is not None else set()
     sampled = [item for item in items if item.key in in_sample]
     totals = _judge_totals(session, run, by)
+    names = sorted({g for g in totals if g is not None} | {i.group for i in items if i.group})
+    if len(names) > MAX_AGREEMENT_GROUPS:  # before any bootstrap
+        raise LabelError(
+            f"metadata field {str(by)[:80]!r} has {len(names)} values; agreement is split by "
+            f"a field of at most {MAX_AGREEMENT_GROUPS}"
+        )
     body = _body(items, sampled, totals.get(None) if by is None else _all(totals), run, seed)
     if by is not None:
-        names = sorted({g for g in totals if g is not None} | {i.group for i in items if i.group})
         body["by_group"] = {
             name: _body(
                 [i for i in items if i.group == name],

@@ -27,6 +27,14 @@ class Taken:
     retry_deadline_s: float | None = None  # the run's; None: the setting
     waiting_since: float | None = None  # unix seconds: waiting out a provider incident since
     project: str = "default"  # the run's: the claim cache is the project's own
+    key: str = ""  # the user's id of the item, for logs (an older message has none)
+
+    @property
+    def label(self) -> str:
+        """The item in a log line: the user's id (the internal number if unknown) and the
+        start of its run's id."""
+        item = repr(self.key) if self.key else f"#{self.item_id}"
+        return f"item {item} of run {self.run_id[:8]}"
 
     def to_message(self) -> dict[str, Any]:
         return asdict(self)

@@ -542,11 +542,17 @@ def _order(
 @dataclass(frozen=True)
 class ItemsTable:
     """A page of the items table. `searched_to`: a text filter looked through as many items as
-    it may and stopped after the item of this index; the next page (`cursor`) searches on."""
+    it may and stopped after the item of this index; the next page (`cursor`) searches on.
+    A text filter also counts: `matched` of the `searched` items it looked through (those
+    after the cursor that pass the other filters) match; `searched_all` when they were every
+    such item of the run, so `matched` is exact rather than a lower bound."""
 
     rows: list[dict[str, Any]]
     cursor: ItemsCursor | None
     searched_to: int | None = None
+    matched: int | None = None
+    searched: int | None = None
+    searched_all: bool = False
 
 
 def items_table(
@@ -604,6 +610,13 @@ def items_table(
             .order_by(*_order(where.sort, scanned.c.score, scanned.c.idx))
         )
     rows = session.execute(query.limit(limit + 1)).all()
+    counted: dict[str, Any] = {}
+    if where.text:
+        # the count reads the same bounded window the page does: at most `scan` items
+        searched, matched = session.execute(
+            select(func.count(), func.count().filter(matches)).select_from(scanned)
+        ).one()
+        counted = {"matched": matched, "searched": searched, "searched_all": searched < scan}
     page = [
         {
             "id": key,
@@ -619,7 +632,8 @@ def items_table(
     ]
     if len(rows) > limit:
         last = page[-1]
-        return ItemsTable(page, (last["score"] if where.by_score else None, last["index"]))
+        cursor = (last["score"] if where.by_score else None, last["index"])
+        return ItemsTable(page, cursor, **counted)
     if where.text:
         window_end = session.execute(
             select(Item.score, Item.idx)
@@ -630,8 +644,9 @@ def items_table(
         ).one_or_none()
         if window_end is not None:
             score, idx = window_end
-            return ItemsTable(page, (score if where.by_score else None, idx), searched_to=idx)
-    return ItemsTable(page, None)
+            cursor = (score if where.by_score else None, idx)
+            return ItemsTable(page, cursor, searched_to=idx, **counted)
+    return ItemsTable(page, None, **counted)
 
 
 def encode_items_cursor(cursor: ItemsCursor | None) -> str | None:

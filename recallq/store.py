@@ -90,6 +90,7 @@ items, runs, claims_table = (
 
 TAKE_READ = (
     select(
+        items.c.key,
         items.c.status,
         items.c.owner,
         items.c.lease_until,
@@ -431,6 +432,7 @@ class ItemStore:
             row.retry_deadline_s,
             waiting,
             row.project,
+            row.key,
         )
 
     def cached_claims(self, key: str) -> list[str] | None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 from celery import Celery
 
-from recallq import broker, metrics, patches
+from recallq import broker, metrics, metrics_state, patches
 from recallq.coordination.liveness import HeldItems
 from recallq.reaper import HandBack
 from recallq.redact import install_log_redaction
@@ -60,7 +60,8 @@ def start(settings: Settings, metrics_address: tuple[str, int] | None = None) ->
     if metrics_address is not None:
         models = runtime.models.keys
         metrics.use_state_collectors(
-            metrics.HeartbeatCollector(), metrics.BreakerCollector(runtime.breaker, models)
+            metrics_state.HeartbeatCollector(),
+            metrics_state.BreakerCollector(runtime.breaker, models),
         )
         metrics.serve(*metrics_address)
     return app

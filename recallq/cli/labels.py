@@ -84,7 +84,7 @@ def _add_api(parser: argparse.ArgumentParser) -> None:
 
 
 def _seed(text: str) -> int:
-    if not text.isdigit() or len(text) > 18:
+    if not (text.isascii() and text.isdigit()) or len(text) > 18:
         raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more: {text!r}")
     return int(text)
 
@@ -223,6 +223,14 @@ def cmd_label(args: argparse.Namespace) -> int:
             data = args.import_file.read_bytes()
         except OSError as exc:
             raise CommandError(f"cannot read {args.import_file}: {exc.strerror}") from None
+    out, existed = None, args.out is not None and args.out.exists()
+    if args.sample is not None:
+        # opened (not truncated) before the draw: a path that cannot be written must not
+        # replace the kept sample
+        try:
+            out = args.out.open("a", encoding="utf-8", newline="")
+        except OSError as exc:
+            raise CommandError(f"cannot write {args.out}: {exc.strerror}") from None
     backend = open_labels(args)
     try:
         if data is not None:
@@ -237,11 +245,20 @@ def cmd_label(args: argparse.Namespace) -> int:
                 f"{len(result['problems'])} rows with problems"
             )
             return Exit.FAILED if result["problems"] else Exit.OK
-        keys, sheet = backend.draw(args.run_id, args.sample, args.seed)
+        assert out is not None
+        try:
+            keys, sheet = backend.draw(args.run_id, args.sample, args.seed)
+        except BaseException:
+            out.close()
+            if not existed:
+                args.out.unlink(missing_ok=True)
+            raise
+        with out:
+            out.seek(0)
+            out.truncate()
+            out.write(sheet)
     finally:
         backend.close()
-    with args.out.open("w", encoding="utf-8", newline="") as out:
-        out.write(sheet)
     claims = max(0, sum(1 for _ in csv.reader(io.StringIO(sheet))) - 1)
     print(
         f"{len(keys)} items ({claims} claims) drawn with seed {args.seed} into {args.out}: fill "

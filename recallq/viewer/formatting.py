@@ -3,7 +3,7 @@ data attribute as well; these are only for reading."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
@@ -31,6 +31,16 @@ def cost(value: float | None) -> str:
     if value is None:
         return "–"
     return f"${value:,.4f}" if value < 1 else f"${value:,.2f}"
+
+
+def spend(usage: Mapping[str, Any] | None) -> str:
+    """The cost of a run's (or a stage's) usage. Calls that cost nothing were made to a model
+    the models file gives no price: "not priced", not a "$0.0000" that reads as free."""
+    if not usage:
+        return "–"
+    if not usage.get("cost_usd") and usage.get("llm_calls"):
+        return "not priced"
+    return cost(usage.get("cost_usd"))
 
 
 def count(value: int | None) -> str:
@@ -64,6 +74,7 @@ FILTERS: dict[str, Callable[..., str]] = {
     "mean": mean,
     "signed": signed,
     "cost": cost,
+    "spend": spend,
     "count": count,
     "when": when,
     "percent": percent,

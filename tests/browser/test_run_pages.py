@@ -148,6 +148,51 @@ def test_the_items_page_filters_sorts_and_pages(stack: Stack, context: Any) -> N
         assert response is not None and 400 <= response.status < 500, query
 
 
+def test_the_items_page_says_how_many_items_a_text_matches(
+    stack: Stack, context: Any, screenshots: Path
+) -> None:
+    run_id = stack.runs["retriever_a"]
+    base = f"{stack.url}/runs/{run_id}/items"
+    items = stack.get(f"/v1/runs/{run_id}/items", limit=1000)["items"]
+    page = sign_in(context, stack.url, stack.keys["alpha_read"])
+    count = page.locator("[data-testid=match-count]")
+
+    for text in ("Lovelace", "q1", "nothing-has-this"):
+        page.goto(f"{base}?q={text}")
+        expected = [i for i in items if text.lower() in (i["id"] + " " + i["ground_truth"]).lower()]
+        # a 24-item run is well inside the scan bound: the count is exact, not a lower bound
+        noun = "item matches" if len(expected) == 1 else "items match"
+        expect(count).to_have_text(f"{len(expected)} {noun}.")
+        assert count.get_attribute("data-exact") == "true"
+    shoot(page, screenshots, "items-match-count")
+
+    page.goto(f"{base}?q=Lovelace&status=failed")
+    failed = [i for i in items if i["status"] == "failed" and "Lovelace" in i["ground_truth"]]
+    assert count.get_attribute("data-matched") == str(len(failed))
+
+    page.goto(base)  # no text filter: nothing to count
+    assert page.locator("[data-testid=match-count]").count() == 0
+
+
+def test_a_model_without_a_price_reads_not_priced_rather_than_free(
+    stack: Stack, context: Any
+) -> None:
+    # the stub judge has no price in the models file: its calls cost $0 because nobody knows
+    run_id = stack.runs["retriever_a"]
+    usage = stack.get(f"/v1/runs/{run_id}")["usage"]
+    assert usage["llm_calls"] > 0 and usage["cost_usd"] == 0
+    page = sign_in(context, stack.url, stack.keys["alpha_read"])
+    row = page.locator(f'tr[data-run-id="{run_id}"]')
+    assert _text(row.locator("td[data-field=cost]")) == "not priced"
+    page.goto(f"{stack.url}/runs/{run_id}")
+    usage_table = page.locator("[data-testid=usage]")
+    assert _text(usage_table.locator("td[data-field=cost]")) == "not priced"
+    stages = [_text(cell) for cell in usage_table.locator("tr.stage td").all()]
+    spent = [s for s in usage["by_stage"].values() if s["llm_calls"]]
+    assert len([s for s in stages if s.endswith("· not priced")]) == len(spent)
+    assert "$0.0000" not in _text(usage_table)
+
+
 def test_an_item_page_shows_each_claim_as_stored(
     stack: Stack, context: Any, screenshots: Path
 ) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import sqlite3
 import subprocess
 import sys
 from pathlib import Path
@@ -121,7 +122,28 @@ def test_bad_label_commands_are_one_line_exit_2(local_run: tuple[Path, str]) -> 
         assert "Traceback" not in done.stderr
         assert done.stderr.strip().splitlines()[-1].startswith("recallq")
 
+    assert not (cwd / "x.csv").exists()  # a failed draw leaves no file behind
+
     bad = cwd / "bad.csv"
     bad.write_text("item_id,claim_index,human_verdict\nnope,0,yes\n")
     done = _recallq(cwd, "label", run, "--import", str(bad))
     assert done.returncode == 1 and "bad.csv:2: no item 'nope'" in done.stderr
+
+
+def test_an_unwritable_out_is_one_line_and_keeps_the_drawn_sample(
+    local_run: tuple[Path, str],
+) -> None:
+    cwd, run = local_run
+    kept = cwd / "kept.csv"
+    first = _recallq(cwd, "label", run, "--sample", "3", "--seed", "1", "--out", str(kept))
+    assert first.returncode == 0, first.stderr
+    for out in (cwd / "missing" / "x.csv", cwd):  # no such folder; a folder
+        done = _recallq(cwd, "label", run, "--sample", "5", "--seed", "9", "--out", str(out))
+        assert done.returncode == 2, done.stderr
+        assert done.stderr.strip().splitlines() == [
+            f"recallq: cannot write {out}: "
+            + ("No such file or directory" if out != cwd else "Is a directory")
+        ]
+    with sqlite3.connect(cwd / "recallq.db") as db:
+        seeds = db.execute("SELECT seed FROM label_samples WHERE run_id = ?", (run,)).fetchall()
+    assert seeds == [(1,)]  # the failed draws replaced nothing

@@ -127,3 +127,22 @@ def test_the_agent_example_runs_with_a_context_extractor(tmp_path: Path) -> None
     done = recallq_run([agent_run, "--context-extractor", extractor, "--quiet"], tmp_path)
     assert done.returncode == 0, done.stderr
     assert "succeeded          4" in done.stdout
+
+
+def test_an_empty_file_and_a_csv_of_unknown_columns_are_one_line_naming_the_file(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "empty.jsonl").write_text("")
+    (tmp_path / "odd.csv").write_text("q,gold,passages\nhi,Paris is in France,Paris\n")
+    empty = recallq_run(["empty.jsonl"], tmp_path)
+    assert (empty.returncode, empty.stderr) == (
+        2,
+        "recallq: empty.jsonl: the file holds no items\n",
+    )
+    odd = recallq_run(["odd.csv"], tmp_path)
+    assert odd.returncode == 2 and odd.stderr.count("\n") == 1
+    assert "'q', 'gold' and 'passages'" in odd.stderr and "--map q=ground_truth" in odd.stderr
+    mapped = recallq_run(
+        ["odd.csv", "--map", "gold=ground_truth", "--map", "passages=context"], tmp_path
+    )
+    assert mapped.returncode == 0, mapped.stderr

@@ -152,6 +152,28 @@ def test_a_text_filter_says_where_it_stopped(database: Database, scored: str) ->
         assert len(found.rows) == 5 and found.searched_to is None  # a full page: no notice
 
 
+def test_a_text_filter_counts_its_matches_within_the_scan_bound(
+    database: Database, scored: str
+) -> None:
+    items = _all(database, scored)
+    every_q = len([i for i in items if "q" in i["id"]])
+    with database.session() as session:
+        exact = queries.items_table(session, scored, queries.ItemFilter(text="q"), 5)
+        assert (exact.matched, exact.searched, exact.searched_all) == (every_q, len(items), True)
+        # a bound smaller than the run: a lower bound over the items searched, never more
+        bounded = queries.items_table(session, scored, queries.ItemFilter(text="q"), 5, scan=10)
+        assert (bounded.matched, bounded.searched, bounded.searched_all) == (10, 10, False)
+        needle = queries.items_table(session, scored, queries.ItemFilter(text="needle"), 5, scan=10)
+        assert (needle.matched, needle.searched_all) == (0, False)
+        # the next window (after the cursor) counts its own items: q13 is among them
+        after = queries.items_table(
+            session, scored, queries.ItemFilter(text="needle"), 5, needle.cursor, scan=10
+        )
+        assert (after.matched, after.searched) == (1, 10)
+        plain = queries.items_table(session, scored, queries.ItemFilter(), 5)
+        assert plain.matched is None and plain.searched is None
+
+
 def test_rows_carry_what_the_table_shows(database: Database, scored: str) -> None:
     with database.session() as session:
         table = queries.items_table(session, scored, queries.ItemFilter(sort="-score"), 1)

@@ -317,3 +317,59 @@ def test_the_cli_labels_through_the_api(
         {**cli, "RECALLQ_API_KEY": keys["read"]}, "label", run, "--import", str(sheet)
     )
     assert as_reader.returncode == 2 and "403 forbidden" in as_reader.stderr
+
+
+def test_the_agreement_is_kept_until_a_label_changes(
+    api: str, env: dict[str, str], keys: dict[str, str]
+) -> None:
+    """Its bootstraps cost CPU per labelled item, so a completed run's agreement is computed
+    once per state of its labels: kept, and computed again when a label is set, changed or
+    cleared."""
+    from sqlalchemy import create_engine, text
+
+    run_id = _scored_run(api, keys["write"], n=4)
+    url = f"{api}/v1/runs/{run_id}/agreement"
+
+    def agreement() -> dict[str, Any]:
+        response = httpx.get(url, headers=bearer(keys["read"]))
+        assert response.status_code == 200, response.text
+        return dict(response.json())
+
+    def label(item: str, index: int, verdict: str) -> None:
+        put = httpx.put(
+            _label_url(api, run_id, item, index),
+            json={"verdict": verdict},
+            headers=bearer(keys["write"]),
+        )
+        assert put.status_code == 200, put.text
+
+    engine = create_engine(env["RECALLQ_DATABASE_URL"])
+
+    def kept_agreements() -> int:
+        with engine.connect() as conn:
+            return int(
+                conn.execute(
+                    text(
+                        "SELECT count(*) FROM kept_views WHERE run_id = :run "
+                        "AND body->>'shape' LIKE 'agreement/%'"
+                    ),
+                    {"run": run_id},
+                ).scalar_one()
+            )
+
+    judged = _item(api, keys["read"], run_id, "doc/0")["claims"][0]["verdict"]
+    label("doc/0", 0, judged)
+    first = agreement()
+    assert first["labelled_claims"] == 1 and first["confusion"][f"judge_{judged}_human_{judged}"]
+    assert kept_agreements() == 1 and agreement() == first  # read back, not computed again
+    other = "no" if judged == "yes" else "yes"
+    label("doc/0", 0, other)  # changed
+    assert agreement()["confusion"][f"judge_{judged}_human_{other}"] == 1
+    label("doc/1", 0, "yes")  # added
+    assert agreement()["labelled_claims"] == 2
+    cleared = httpx.delete(_label_url(api, run_id, "doc/1", 0), headers=bearer(keys["write"]))
+    assert cleared.status_code == 204
+    assert agreement()["labelled_claims"] == 1
+    # one per state of the labels: clearing doc/1 went back to the state after the change
+    assert kept_agreements() == 3
+    engine.dispose()

@@ -7,7 +7,7 @@ from __future__ import annotations
 from prometheus_client import REGISTRY
 from sqlalchemy import event, text
 
-from recallq import metrics
+from recallq import metrics_state
 from recallq.runtime import Runtime
 from recallq.status import ITEM_ENDED, ItemStatus
 from tests.integration import test_transitions as transitions
@@ -53,13 +53,13 @@ def test_work_waiting_is_one_read_per_cache_period(runtime: Runtime) -> None:
         lambda conn, cursor, statement, *args: statements.append(statement.split()[0]),
     )
     now = [1000.0]
-    collector = metrics.WorkCollector(
+    collector = metrics_state.WorkCollector(
         runtime.database, lambda: [transitions.MODEL, "other-model"], clock=lambda: now[0]
     )
     assert _gauges(collector)["recallq_items_waiting"] == {transitions.MODEL: 0, "other-model": 0}
     run_id, _ = transitions._run(runtime, "a", "b", "c")  # a dispatch window of 2
     runtime.engine.dispatch(run_id)
-    now[0] += metrics.CACHE_SECONDS - 0.1
+    now[0] += metrics_state.CACHE_SECONDS - 0.1
     read = len(statements)
     assert _gauges(collector)["recallq_items_waiting"][transitions.MODEL] == 0  # cached
     assert len(statements) == read  # nothing read
@@ -70,11 +70,11 @@ def test_work_waiting_is_one_read_per_cache_period(runtime: Runtime) -> None:
     # one grouped read each: in flight, active runs, pending batches
     assert statements[read:].count("SELECT") == 3
     assert runtime.runs.cancel(run_id, "default")
-    now[0] += metrics.CACHE_SECONDS
+    now[0] += metrics_state.CACHE_SECONDS
     assert _gauges(collector)["recallq_items_waiting"][transitions.MODEL] == 0
 
 
-def _gauges(collector: metrics.WorkCollector) -> dict[str, dict[str, float]]:
+def _gauges(collector: metrics_state.WorkCollector) -> dict[str, dict[str, float]]:
     return {
         family.name: {sample.labels["model"]: sample.value for sample in family.samples}
         for family in collector.collect()

@@ -775,3 +775,36 @@ def test_an_unterminated_string_is_placed_once(tmp_path: Path, suffix: str) -> N
     message = error_of(lambda: list(read_records(path)))
     assert "Unterminated string starting at column" in message
     assert " at at " not in message
+
+
+@pytest.mark.parametrize(
+    ("name", "content"),
+    [
+        ("empty.jsonl", ""),
+        ("blank.jsonl", "\n \n"),
+        ("empty.json", "[]"),
+        ("header-only.csv", "id,ground_truth,context\n"),
+    ],
+)
+def test_a_file_without_items_is_named(tmp_path, name, content):
+    # read_records streams what there is; the items of a run say which file held none
+    path = write(tmp_path, name, content)
+    assert list(read_records(path)) == []
+    assert error_of(items_from, path) == f"{path}: the file holds no items"
+    assert list(items_from([])) == []  # in-memory data: nothing to name (the run says so)
+
+
+def test_a_csv_whose_columns_name_no_field_lists_them_and_suggests_a_mapping(tmp_path):
+    path = write(tmp_path, "odd.csv", "q,gold,passages\nhi,Paris is in France,Paris\n")
+    assert error_of(items_from, path) == (
+        f"{path} line 1: no column is an item field (the columns are 'q', 'gold' and "
+        "'passages'); name them id, input, output, ground_truth and context, or map them, "
+        "e.g. --map q=ground_truth (mapping= in Python)"
+    )
+    mapping = {"gold": "ground_truth", "passages": "context"}
+    (item,) = items_from(path, mapping=mapping)
+    assert (item["ground_truth"], item["context"]) == ("Paris is in France", ["Paris"])
+    blank = write(tmp_path, "blank-header.csv", ",\n1,2\n")
+    assert error_of(items_from, blank) == f"{blank} line 1: the header names no column"
+    numbered = write(tmp_path, "numbered.csv", "context_1,notes\np,n\n")
+    assert [item["context"] for item in items_from(numbered)] == [["p"]]

@@ -277,3 +277,13 @@ def test_numbers_and_times_read_as_the_api_rounds_them() -> None:
     assert formatting.when("2026-11-30T19:25:29.123") == "2026-11-30 19:25:29 UTC"
     assert formatting.when("2026-11-30T19:25:29+01:00") == "2026-11-30 18:25:29 UTC"
     assert formatting.when(None) == "–" and formatting.raw(None) == ""
+
+
+def test_spend_says_not_priced_for_calls_that_cost_nothing() -> None:
+    from recallq.viewer.formatting import spend
+
+    assert spend({"llm_calls": 78, "cost_usd": 0.0}) == "not priced"
+    assert spend({"llm_calls": 0, "cost_usd": 0.0}) == "$0.0000"  # no call (local/lexical)
+    assert spend({"llm_calls": 3, "cost_usd": 0.0123}) == "$0.0123"
+    assert spend({"llm_calls": 3, "cost_usd": 12.5}) == "$12.50"
+    assert spend(None) == "–"

@@ -64,10 +64,8 @@ def report(
 
 
 def rejected_file(path: Path, code: str, message: str) -> str | None:
-    """The line for a file whose items as a whole were refused (an empty file, no context
-    anywhere): named by the file, with the fields it has. None for any other refusal."""
-    if code == "empty_run":
-        return f"{path}: the file has no items"
+    """The line for a file none of whose items has a context: named by the file, with the
+    fields it has. None for any other refusal (an empty file is recallq.dataset's)."""
     if code != "no_context":
         return None
     try:
@@ -77,7 +75,8 @@ def rejected_file(path: Path, code: str, message: str) -> str | None:
     fields = ", ".join(str(name) for name in first) or "none"
     return (
         f"{path}: no item has a context (its fields: {fields}); name the field that holds the "
-        "retrieved passages with --map context=FIELD, or give the run --context"
+        "retrieved passages with --map context=FIELD, give the run --context, or "
+        "--context-extractor for agent-shaped items"
     )
 
 

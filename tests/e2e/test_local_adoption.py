@@ -647,7 +647,7 @@ def test_a_file_refused_as_a_whole_is_named_with_its_fields(tmp_path: Path) -> N
     empty.write_text("")
     done = recallq("run", str(empty), cwd=tmp_path)
     assert done.returncode == 2
-    assert done.stderr == f"recallq: {empty}: the file has no items\n"
+    assert done.stderr == f"recallq: {empty}: the file holds no items\n"
     unknown = tmp_path / "export.csv"
     unknown.write_text("question,gold_answer,passages\nq,Snow is white.,Snow is white.\n")
     done = recallq("run", str(unknown), cwd=tmp_path)

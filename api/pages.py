@@ -31,6 +31,7 @@ from api.body import Pace, paced_chunks
 from api.page_auth import Browser
 from recallq import compare as ab
 from recallq import inputs, labels, queries, viewer
+from recallq.groups import UnknownField
 from recallq.runs import RunConflict, RunService, compare_with_labels, find_run, plausible_id
 from recallq.runtime import Runtime
 from recallq.status import RUN_ACTIVE, PublicItemStatus, RunStatus
@@ -377,9 +378,13 @@ def runs_page(
 _SCANS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="run-page-scan")
 
 
-def _group_summary(runtime: Runtime, run_id: str, by: str) -> dict[str, dict[str, Any]]:
+def _group_summary(runtime: Runtime, run_id: str, by: str) -> dict[str, dict[str, Any]] | str:
+    """The summary by `by`, or the line saying no item has that field."""
     with runtime.database.session() as session:
-        return queries.group_summary(session, run_id, by)
+        try:
+            return queries.group_summary(session, run_id, by)
+        except UnknownField as exc:
+            return str(exc)
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
@@ -387,7 +392,7 @@ def run_page(request: Request, run_id: str, by: str | None = None) -> Response:
     browser = _reader(request)
     by = _text(by, "by")
     runtime = _runtime(request)
-    groups: Future[dict[str, dict[str, Any]]] | None = None
+    groups: Future[dict[str, dict[str, Any]] | str] | None = None
     with runtime.database.session() as session:
         run = _run_or_404(session, browser, run_id)
         fields = queries.metadata_fields(session, run.id)
@@ -415,7 +420,7 @@ def run_page(request: Request, run_id: str, by: str | None = None) -> Response:
         can_write=_can_write(browser),
         metadata_fields=fields,
         by=by,
-        groups=None if groups is None else groups.result(),
+        groups=None if groups is None else groups.result(),  # a str: no item has `by`
         refresh_seconds=REFRESH_SECONDS if active else None,
         agreement=agreement,
         item_url=_item_href(run.id),

@@ -270,6 +270,13 @@ class Run:
 
     def items(
         self, status: str | None = None, item_data: bool = True, page_size: int = 100
+    ) -> list[dict[str, Any]]:
+        """The run's items with their claims, in index order, as a list (iter_items streams
+        them a page at a time; results() in one response)."""
+        return list(self.iter_items(status, item_data, page_size))
+
+    def iter_items(
+        self, status: str | None = None, item_data: bool = True, page_size: int = 100
     ) -> Iterator[dict[str, Any]]:
         """The run's items with their claims, in index order, fetched a page at a time."""
         cursor: str | None = None

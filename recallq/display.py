@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from recallq.gates import number
+from recallq.judge_models import LEXICAL
 from recallq.redact import redact_url
 from recallq.status import RUN_ACTIVE, PublicItemStatus
 
@@ -125,7 +126,8 @@ def summary_lines(
     rows = [("run", view["id"])]
     if view.get("name"):
         rows.append(("name", view["name"]))
-    rows += [("status", view["status"]), ("model", view["model"]), ("total", str(counts["total"]))]
+    rows += [("status", run_status(view)), ("model", view["model"])]
+    rows.append(("total", str(counts["total"])))
     rows += [
         (key, str(counts[key]))
         for key in _SHOWN_ITEM_STATUSES
@@ -159,7 +161,7 @@ def summary_lines(
     pause = paused(view)
     if pause:
         rows.append(("waiting", pause))
-    lines = [title, *_rows(rows)]
+    lines = [title, *_notice_lines(view), *_rows(rows)]
     histogram = histogram_lines(view)
     if histogram:
         lines += ["", "score distribution", *histogram]
@@ -169,6 +171,39 @@ def summary_lines(
     if by is not None and groups is not None:
         lines += ["", f"by {by}", *group_lines(by, groups)]
     return lines
+
+
+#: The judge of `recallq run` without --model: words matched, no model asked.
+LEXICAL_BASELINE = (
+    "  note: local/lexical is a word-matching baseline, not an LLM judge: pass --model "
+    "(see examples/models.yaml) for a real recall score"
+)
+
+
+def _notice_lines(view: dict[str, Any]) -> list[str]:
+    """What to read before the numbers: a run whose every item failed (its score means
+    nothing), a baseline judge taken for a real one."""
+    lines = []
+    counts = view["counts"]
+    failed = counts[PublicItemStatus.FAILED]
+    if counts["total"] and failed == counts["total"]:
+        failures = view.get("failures") or []
+        why = f": {failures[0]['error']}" if failures else ""
+        lines.append(f"  every item failed ({failed} of {counts['total']}){why}")
+    if view.get("model") == LEXICAL:
+        lines.append(LEXICAL_BASELINE)
+    return lines
+
+
+def interrupted_hint(run_id: str) -> str:
+    return f"interrupted: resume with recallq resume {run_id}"
+
+
+def run_status(view: dict[str, Any]) -> str:
+    """A run's status as shown: a local run that no process scores says how to go on."""
+    if view.get("interrupted"):
+        return f"{view['status']} ({interrupted_hint(view['id'])})"
+    return str(view["status"])
 
 
 def _when(iso: str | None) -> str:
@@ -188,7 +223,7 @@ def runs_table(views: Sequence[dict[str, Any]]) -> list[str]:
         (
             _when(view["created_at"]),
             view["id"],
-            view["status"],
+            f"{view['status']} (interrupted)" if view.get("interrupted") else view["status"],
             str(view["counts"]["total"]),
             str(view["counts"][PublicItemStatus.FAILED]),
             _score(view["summary"]["mean_score"]),
@@ -198,12 +233,16 @@ def runs_table(views: Sequence[dict[str, Any]]) -> list[str]:
         for view in views
     ]
     widths = [max(len(row[i]) for row in (header, *rows)) for i in range(len(header) - 1)]
-    return [
+    lines = [
         "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False))
         + "  "
         + row[-1]
         for row in (header, *rows)
     ]
+    stopped = [view["id"] for view in views if view.get("interrupted")]
+    if stopped:
+        lines += ["", *(interrupted_hint(run_id) for run_id in stopped)]
+    return lines
 
 
 def compare_lines(result: dict[str, Any]) -> list[str]:

@@ -10,6 +10,7 @@ same ground truths with an LLM judge cost one call per item instead of two. Pass
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from os import PathLike
 from pathlib import Path
@@ -29,6 +30,7 @@ def evaluate(
     progress: bool = True,
     database_url: str | None = None,
     concurrency: int | None = None,
+    fresh: bool = False,
     **run_fields: Any,
 ) -> Result:
     """Score `data` in-process and return the Result.
@@ -41,11 +43,15 @@ def evaluate(
     `context_extractor` (for agent-shaped items), `claims_from` (an earlier local run: items
     of the same id and ground truth take its claims and are only attributed).
 
+    As `recallq run` does, the same data (a file's bytes, or the items) with the same model,
+    run fields and mapping finds its run again: a finished run is returned as it is (no judge
+    call), an interrupted one is resumed. `fresh=True` scores it again in a new run.
+
     Raises ValueError (recallq.dataset.DatasetError or recallq.ingest.SubmissionError) for
     input it cannot use, before any judge call. On KeyboardInterrupt the run is kept, and
     `recallq resume RUN` continues it.
     """
-    from recallq import dataset, local, migrate, queries, runs
+    from recallq import dataset, ingest, local, migrate, queries, runs
     from recallq.settings import read_settings
 
     unknown = set(run_fields) - set(RUN_FIELDS)
@@ -67,7 +73,21 @@ def evaluate(
         fields = {**run_fields, "model": model, "name": name}
         spec = runs.RunService(runtime, local=True).spec(fields, local.PROJECT)
         migrate.upgrade(settings.database_url)
-        run_id = local.create_run(runtime, spec, dataset.items_from(data, mapping=mapping))
+        if isinstance(data, str | PathLike):
+            path = Path(data)
+            if not path.exists():
+                raise dataset.DatasetError(f"{path}: no such file")
+            opened = local.open_file_run(runtime, path, spec, mapping or {}, fresh=fresh)
+        else:
+            try:  # read whole here to find its run again: as the submission reports a reader's
+                items = list(dataset.items_from(data, mapping=mapping))
+            except dataset.DatasetError as exc:
+                raise ingest.SubmissionError(str(exc)) from exc
+            keyed = dataclasses.replace(spec, idempotency_key=local.items_key(items, spec))
+            opened = local.open_run(runtime, keyed, lambda: items, fresh)
+        run_id = opened.run_id
+        if opened.how == "finished":
+            progress = False
         if model != LEXICAL:
             from recallq import patches
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,6 +17,20 @@ from recallq.status import ItemStatus
 
 MISSING_GROUP = "(missing)"
 _DECIMALS = 4
+
+
+class UnknownField(ValueError):
+    """A run sliced by a metadata field none of its items has (a typo, most often)."""
+
+
+def check_field(groups: Mapping[str, Any], by: str, fields: Callable[[], Iterable[str]]) -> None:
+    """The one rule for every `--by`/`?by=`: slicing by a field no item has is an error that
+    lists the fields the items have (`fields`, asked only then), not one "(missing)" group."""
+    if not groups or set(groups) != {MISSING_GROUP}:
+        return
+    have = sorted(set(fields()))
+    listed = f"the items' fields: {', '.join(have)}" if have else "the items have no metadata"
+    raise UnknownField(f"no item has the metadata field {by!r}; {listed}")
 
 
 def group_value(metadata: Mapping[str, Any] | None, by: str) -> str | None:

@@ -28,15 +28,25 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
 from recallq import dataset, display, ingest, queries
 from recallq.engine import Engine
 from recallq.outcomes import Taken
 from recallq.redact import install_log_redaction
 from recallq.runs import RunService
 from recallq.runtime import Runtime
-from recallq.settings import Settings
-from recallq.status import PUBLIC_ITEM_ENDED, RUN_ENDED, PublicItemStatus, RunStatus
-from recallq.tables import Run, as_utc, utcnow
+from recallq.settings import DEFAULT_RETRY_DEADLINE, Settings
+from recallq.status import (
+    ITEM_IN_FLIGHT,
+    PUBLIC_ITEM_ENDED,
+    RUN_ACTIVE,
+    RUN_ENDED,
+    PublicItemStatus,
+    RunStatus,
+)
+from recallq.tables import Item, Run, as_utc, utcnow
 
 log = logging.getLogger(__name__)
 
@@ -183,8 +193,19 @@ def run_key(path: Path, spec: ingest.RunSpec, mapping: Mapping[str, str]) -> str
     with path.open("rb") as handle:
         while chunk := handle.read(1 << 20):
             content.update(chunk)
+    return content_key(content.hexdigest(), spec, mapping)
+
+
+def items_key(items: Sequence[Mapping[str, Any]], spec: ingest.RunSpec) -> str:
+    """The idempotency key of a local run of in-memory items (a list, a DataFrame): a digest
+    of the canonical items and the run's fields, as run_key is of a file."""
+    text = json.dumps(list(items), sort_keys=True, ensure_ascii=False, default=str)
+    return content_key("items:" + hashlib.sha256(text.encode()).hexdigest(), spec, {})
+
+
+def content_key(content: str, spec: ingest.RunSpec, mapping: Mapping[str, str]) -> str:
     fields = {
-        "file": content.hexdigest(),
+        "file": content,
         "model": spec.model,
         "name": spec.name,
         "scale": spec.scale,
@@ -192,6 +213,8 @@ def run_key(path: Path, spec: ingest.RunSpec, mapping: Mapping[str, str]) -> str
         "context_extractor": spec.context_extractor,
         "mapping": dict(sorted(mapping.items())),
     }
+    if spec.retry_deadline_s != DEFAULT_RETRY_DEADLINE:  # keys made before it stay valid
+        fields["retry_deadline_s"] = spec.retry_deadline_s
     if spec.claims_from is not None:  # absent otherwise: earlier runs keep their keys
         fields["claims_from"] = spec.claims_from
     text = json.dumps(fields, sort_keys=True, ensure_ascii=False)
@@ -224,7 +247,18 @@ def open_file_run(
     """The run of this file with these fields: the one made before (resumed), or a new one.
     `fresh`, or a run that was cancelled, starts over: the old run keeps its results but
     hands its key to the new one, so the next plain `recallq run` resumes the new one."""
-    spec = dataclasses.replace(spec, idempotency_key=run_key(path, spec, mapping))
+    return open_run(
+        runtime,
+        dataclasses.replace(spec, idempotency_key=run_key(path, spec, mapping)),
+        lambda: dataset.items_from(path, mapping=mapping),
+        fresh,
+    )
+
+
+def open_run(
+    runtime: Runtime, spec: ingest.RunSpec, items: Callable[[], Iterable[Any]], fresh: bool
+) -> Opened:
+    """The run with `spec`'s idempotency key (see open_file_run), or a new one of `items`."""
     with runtime.database.session() as session:
         found = ingest.find_by_idempotency_key(session, spec)
         status = None if found is None else found.status
@@ -235,11 +269,40 @@ def open_file_run(
         note = f"run {found.id} of this file is kept as it is ({why}); starting a new run"
         found = None
     if found is None:
-        items = dataset.items_from(path, mapping=mapping)
-        return Opened(create_run(runtime, spec, items), "created", note=note)
+        return Opened(create_run(runtime, spec, items()), "created", note=note)
     if status in RUN_ENDED:
         return Opened(found.id, "finished")
     return Opened(found.id, "resumed", runtime.runs.resume(found.id, spec.project))
+
+
+def mark_interrupted(session: Session, views: Sequence[dict[str, Any]]) -> None:
+    """Set `interrupted` on the views of local runs that are queued or running with no
+    process scoring them. Nothing else scores a local run, and a scoring process holds a live
+    lease on the items it handed out (queued or running); a Ctrl-C hands them back (`release`
+    below), so an active run without a live lease was stopped. The run keeps its status."""
+    active = [view["id"] for view in views if view["status"] in RUN_ACTIVE]
+    if not active:
+        return
+    live = set(
+        session.scalars(
+            select(Item.run_id)
+            .where(
+                Item.run_id.in_(active),
+                Item.status.in_(ITEM_IN_FLIGHT),
+                Item.lease_until > utcnow(),
+            )
+            .distinct()
+        )
+    )
+    for view in views:
+        if view["id"] in active and view["id"] not in live:
+            view["interrupted"] = True
+
+
+def release(runtime: Runtime, run_id: str) -> None:
+    """After Ctrl-C: the items this process handed out go back to pending, so the run reads
+    as interrupted at once (not when their leases run out) and a resume sends them again."""
+    runtime.runs.resume(run_id, PROJECT)
 
 
 # --- scoring ---------------------------------------------------------------------------------

@@ -36,7 +36,7 @@ from recallq import kept
 from recallq.batch_store import run_lane_view
 from recallq.claim_cache import ClaimCache
 from recallq.db import Database
-from recallq.groups import GroupedItem, summarise_groups
+from recallq.groups import GroupedItem, check_field, summarise_groups
 from recallq.outcomes import Stage
 from recallq.status import ItemStatus, public_item_status, stored_item_statuses
 from recallq.tables import Claim, Item, Run
@@ -949,8 +949,11 @@ def group_summary(session: Session, run_id: str, by: str) -> dict[str, dict[str,
 
     run = session.get(Run, run_id)
     if run is None:
-        return summarise()
-    return kept.get_or_compute(session, _GROUP_SUMMARY, [run], summarise, by=by)
+        groups = summarise()
+    else:
+        groups = kept.get_or_compute(session, _GROUP_SUMMARY, [run], summarise, by=by)
+    check_field(groups, by, lambda: metadata_fields(session, run_id))
+    return groups
 
 
 def _no_metadata(_raw: str | None) -> dict[str, Any] | None:

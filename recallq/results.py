@@ -12,7 +12,7 @@ from typing import Any
 
 from recallq import compare as ab
 from recallq import export
-from recallq.groups import GroupedItem, summarise_groups
+from recallq.groups import GroupedItem, check_field, summarise_groups
 from recallq.status import PublicItemStatus
 
 #: Columns of Result.to_pandas(): the CSV export's, without the claims (claims_to_pandas).
@@ -87,7 +87,9 @@ class Result:
         grouped = (
             GroupedItem(item["status"], item["score"], item.get("metadata")) for item in self.items
         )
-        return summarise_groups(grouped, field)
+        groups = summarise_groups(grouped, field)
+        check_field(groups, field, lambda: (n for i in self.items for n in i.get("metadata") or {}))
+        return groups
 
     def compare(self, base: Result, by: str | None = None, top: int = 10) -> dict[str, Any]:
         """This result as the candidate against `base`, items paired by id: the body of

@@ -31,6 +31,7 @@ from sqlalchemy import insert, select
 from sqlalchemy.orm import Session
 
 from recallq import ingest, inputs, judge_models, labels, pipeline, queries, quotas
+from recallq.groups import UnknownField
 from recallq.judge_models import ModelConfig
 from recallq.runtime import Runtime
 from recallq.settings import Settings
@@ -357,7 +358,10 @@ class RunService:
         with self.runtime.database.session() as session:
             view = self.runtime.run_view(session, self._run(session, run_id, project), details)
             if by is not None:
-                view["by_group"] = queries.group_summary(session, run_id, by)
+                try:
+                    view["by_group"] = queries.group_summary(session, run_id, by)
+                except UnknownField as exc:
+                    raise ingest.SubmissionError(str(exc), code="unknown_field") from None
         return view
 
     def list_runs(

@@ -16,6 +16,7 @@ from recallq.client import Client
 from recallq.db import Database, is_sqlite
 from recallq.display import database_label
 from recallq.gates import CommandError
+from recallq.groups import UnknownField
 from recallq.runs import RunService, compare_with_labels
 from recallq.settings import Settings
 from recallq.tables import Run
@@ -39,6 +40,9 @@ class Backend(Protocol):
 
     def cancel(self, run_id: str) -> dict[str, Any]: ...
 
+    #: Where the runs were looked for, for people: "the API at URL", "the local database F".
+    where: str
+
     def agreement(self, run_id: str) -> dict[str, Any]: ...
 
     def close(self) -> None: ...
@@ -47,6 +51,7 @@ class Backend(Protocol):
 class ApiBackend:
     def __init__(self, client: Client) -> None:
         self.client = client
+        self.where = f"the API at {client.api_url}"
 
     def runs(self, status: str | None, name: str | None, limit: int) -> list[dict[str, Any]]:
         return [run.view for run in self.client.runs(status=status, name=name, limit=limit)]
@@ -78,6 +83,7 @@ class LocalBackend:
     def __init__(self, settings: Settings, database: Database | None = None) -> None:
         self.settings = settings
         self.database = database or open_local_database(settings)
+        self.where = local_database(settings)
 
     def _run(self, session: Any, run_id: str) -> Any:
         run = session.get(Run, run_id)
@@ -88,13 +94,18 @@ class LocalBackend:
     def runs(self, status: str | None, name: str | None, limit: int) -> list[dict[str, Any]]:
         with self.database.session() as session:
             views, _ = queries.list_runs(session, PROJECT, status=status, name=name, limit=limit)
+            local.mark_interrupted(session, views)
         return views
 
     def view(self, run_id: str, by: str | None = None) -> dict[str, Any]:
         with self.database.session() as session:
             view = queries.run_view(session, self._run(session, run_id))
+            local.mark_interrupted(session, [view])
             if by is not None:
-                view["by_group"] = queries.group_summary(session, run_id, by)
+                try:
+                    view["by_group"] = queries.group_summary(session, run_id, by)
+                except UnknownField as exc:
+                    raise CommandError(str(exc)) from None
         return view
 
     def results(self, run_id: str, format: str, item_data: bool) -> Iterator[bytes]:
@@ -153,11 +164,22 @@ def open_backend(args: argparse.Namespace) -> Backend:
     return LocalBackend(settings)
 
 
+#: What a client command says when it read the local database: how to ask a service.
+ASK_THE_SERVICE = "(a run of a service: pass --api URL or set RECALLQ_API_URL)"
+
+
+def local_database(settings: Settings) -> str:
+    return f"the local database {database_label(settings.database_url)}"
+
+
 def not_found(run_id: str, settings: Settings) -> str:
-    return (
-        f"run {run_id} not found in the local database {database_label(settings.database_url)} "
-        "(a run of a service: pass --api URL or set RECALLQ_API_URL)"
-    )
+    return f"run {run_id} not found in {local_database(settings)} {ASK_THE_SERVICE}"
+
+
+def nothing_found(backend: Backend, what: str = "runs") -> str:
+    """What a listing that found nothing says: where it looked, and how to look elsewhere."""
+    hint = f" {ASK_THE_SERVICE}" if isinstance(backend, LocalBackend) else ""
+    return f"no {what} in {backend.where}{hint}"
 
 
 def open_local_database(settings: Settings) -> Database:

@@ -8,9 +8,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from datetime import UTC, datetime
 
 from recallq.apikeys import InvalidKeyRequest, KeyStore
 from recallq.db import Database
+from recallq.tables import as_utc
 
 
 def _key_store(args: argparse.Namespace) -> KeyStore:
@@ -32,27 +34,49 @@ def create(args: argparse.Namespace) -> int:
     return 0
 
 
+KEY_LIST_HEADER = ("id", "project", "role", "prefix", "state", "last used (UTC)", "label")
+
+
+def _minute(moment: datetime | None) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M") if moment else "never"
+
+
 def list_keys(args: argparse.Namespace) -> int:
     found = _key_store(args).list(args.project)
-    for info in found:
-        row = {
-            "id": info.id,
-            "project": info.project,
-            "role": info.role,
-            "prefix": info.prefix,
-            "label": info.label,
-            "created_at": info.created_at.isoformat(),
-            "last_used_at": info.last_used_at.isoformat() if info.last_used_at else None,
-            "revoked_at": info.revoked_at.isoformat() if info.revoked_at else None,
-        }
-        if args.json:
-            print(json.dumps(row))
-        else:
-            state = "revoked" if info.revoked_at else "active"
-            print(
-                f"{info.id}  {info.project:<20} {info.role:<5}  {info.prefix}…  {state:<7}  "
-                f"{info.label or ''}"
-            )
+    if args.json:
+        for info in found:
+            fields = {
+                "id": info.id,
+                "project": info.project,
+                "role": info.role,
+                "prefix": info.prefix,
+                "label": info.label,
+                "created_at": info.created_at.isoformat(),
+                "last_used_at": info.last_used_at.isoformat() if info.last_used_at else None,
+                "revoked_at": info.revoked_at.isoformat() if info.revoked_at else None,
+            }
+            print(json.dumps(fields))
+        return 0
+    if not found:
+        print("no keys" + (f" in project {args.project}" if args.project else ""))
+        return 0
+    rows = [
+        (
+            info.id,
+            info.project,
+            info.role,
+            f"{info.prefix}…",
+            "revoked" if info.revoked_at else "active",
+            # written at most once a minute (recallq.apikeys.LAST_USED_RESOLUTION)
+            _minute(as_utc(info.last_used_at) if info.last_used_at else None),
+            info.label or "",
+        )
+        for info in found
+    ]
+    widths = [max(len(row[i]) for row in (KEY_LIST_HEADER, *rows)) for i in range(6)]
+    for line in (KEY_LIST_HEADER, *rows):
+        cells = [cell.ljust(width) for cell, width in zip(line[:-1], widths, strict=True)]
+        print("  ".join([*cells, line[-1]]).rstrip())
     return 0
 
 
@@ -60,6 +84,6 @@ def revoke(args: argparse.Namespace) -> int:
     revoked = _key_store(args).revoke(args.key_id)
     if not revoked:
         print(f"recallq: no active key {args.key_id}", file=sys.stderr)
-        return 1
+        return 2  # a rejected request, as every other
     print(f"recallq: key {args.key_id} revoked", file=sys.stderr)
     return 0

@@ -8,6 +8,7 @@ command to resume it is printed, and the exit code is 130.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import sys
@@ -17,8 +18,9 @@ from typing import Any, TextIO
 from recallq import dataset, display, gates, local, migrate, queries, runs
 from recallq.cli.backends import LocalBackend, not_found, open_local_database
 from recallq.cli.reports import REPORT_LOWEST, write_report
-from recallq.display import database_label
 from recallq.gates import CommandError, Exit
+from recallq.groups import UnknownField
+from recallq.ingest import SubmissionError
 from recallq.judge_models import LEXICAL
 from recallq.local import LocalRunner
 from recallq.runs import RunConflict, RunService
@@ -61,6 +63,23 @@ def report(
     return code
 
 
+def rejected_file(path: Path, code: str, message: str) -> str | None:
+    """The line for a file none of whose items has a context: named by the file, with the
+    fields it has. None for any other refusal (an empty file is recallq.dataset's)."""
+    if code != "no_context":
+        return None
+    try:
+        first = next(dataset.read_records(path), {})
+    except dataset.DatasetError:
+        first = {}
+    fields = ", ".join(str(name) for name in first) or "none"
+    return (
+        f"{path}: no item has a context (its fields: {fields}); name the field that holds the "
+        "retrieved passages with --map context=FIELD, give the run --context, or "
+        "--context-extractor for agent-shaped items"
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """`recallq run FILE`: score a file in this process; the same command again resumes."""
     if args.batch:
@@ -88,13 +107,28 @@ def run(args: argparse.Namespace) -> int:
         }
         spec = runs.RunService(runtime, local=True).spec(fields, local.PROJECT)
         migrate.upgrade(settings.database_url)
-        opened = local.open_file_run(runtime, args.file, spec, mapping, fresh=args.fresh)
+        try:
+            opened = local.open_file_run(runtime, args.file, spec, mapping, fresh=args.fresh)
+        except SubmissionError as exc:
+            line = rejected_file(args.file, exc.code, exc.message)
+            if line is None:
+                raise
+            raise CommandError(line) from None
+        except KeyboardInterrupt:
+            # the submission stores a run whole or not at all
+            print(
+                "\nrecallq: interrupted before the run was stored: nothing was kept; run the "
+                "same command again",
+                file=sys.stderr,
+            )
+            return Exit.INTERRUPTED
+        argv = getattr(args, "argv", None) or sys.argv[1:]
         if opened.note:
             print(f"recallq: {opened.note}", file=sys.stderr)
         if opened.how == "resumed":
             print(
-                f"recallq: resuming run {opened.run_id} ({opened.resent} items sent again; "
-                "--fresh starts over)",
+                f"recallq: resuming run {opened.run_id}: {_still_to_score(runtime, opened.run_id)} "
+                "(--fresh starts over)",
                 file=sys.stderr,
             )
         elif opened.how == "finished":
@@ -103,15 +137,32 @@ def run(args: argparse.Namespace) -> int:
                 "(--fresh scores it again)",
                 file=sys.stderr,
             )
-        if model != LEXICAL:
-            from recallq import patches  # here: it imports litellm (~6 s), for LLM judges only
+        try:
+            if model != LEXICAL:
+                from recallq import patches  # here: it imports litellm (~6 s), for LLM judges
 
-            patches.prepare_litellm()
-        argv = getattr(args, "argv", None) or sys.argv[1:]
-        return _score(runtime, runner, opened.run_id, args, resume_argv=argv)
+                patches.prepare_litellm()
+        except KeyboardInterrupt:  # the run is stored: say how to go on
+            return _interrupted(runtime, runner, opened.run_id, argv)
+        return _score(
+            runtime,
+            runner,
+            opened.run_id,
+            args,
+            resume_argv=argv,
+            progress=opened.how != "finished" and not args.quiet,
+        )
     finally:
         runner.stop(wait=False)
         runtime.close()
+
+
+def _still_to_score(runtime: Runtime, run_id: str) -> str:
+    """How many of a run's items a resume scores: every item not ended, whether it was
+    handed out before (and sent again) or never was."""
+    counts = local.run_view(runtime, run_id, details=False)["counts"]
+    ended = counts[PublicItemStatus.SUCCEEDED] + counts[PublicItemStatus.FAILED]
+    return f"{counts['total'] - ended} of {counts['total']} items still to score"
 
 
 def continue_run(args: argparse.Namespace, settings: Settings, action: str) -> int:
@@ -136,22 +187,25 @@ def continue_run(args: argparse.Namespace, settings: Settings, action: str) -> i
                 # The run's unended items go back to the queue too: no other process scores
                 # a local run, so items left queued or running by an interrupted one would
                 # never end.
-                resent = runtime.runs.resume(args.run_id, local.PROJECT)
+                runtime.runs.resume(args.run_id, local.PROJECT)
                 failed = service.retry(args.run_id, local.PROJECT)
-                what = f"{failed} failed items sent again" + (
-                    f", and {resent} unended ones" if resent else ""
-                )
+                what = f"{failed} failed items sent again; " + _still_to_score(runtime, args.run_id)
             else:
                 count, which = service.resume_local(args.run_id, local.PROJECT)
-                what = f"{count} {which} items sent again"
+                # the unended count is what was handed out (the dispatch window), not the rest
+                what = f"{count} cancelled items sent again; " if which == "cancelled" else ""
+                what += _still_to_score(runtime, args.run_id)
         except RunConflict as exc:
             raise CommandError(exc.message) from None
         print(f"recallq: {action} run {args.run_id}: {what}", file=sys.stderr)
-        if model != LEXICAL:
-            from recallq import patches  # here: it imports litellm (~6 s), for LLM judges only
+        try:
+            if model != LEXICAL:
+                from recallq import patches  # here: it imports litellm (~6 s), for LLM judges
 
-            patches.prepare_litellm()
-        return _score(runtime, runner, args.run_id, args, resume_argv=None)
+                patches.prepare_litellm()
+        except KeyboardInterrupt:
+            return _interrupted(runtime, runner, args.run_id, None)
+        return _score(runtime, runner, args.run_id, args, resume_argv=None, progress=not args.quiet)
     finally:
         runner.stop(wait=False)
         runtime.close()
@@ -163,16 +217,22 @@ def _score(
     run_id: str,
     args: argparse.Namespace,
     resume_argv: list[str] | None,
+    progress: bool,
 ) -> int:
     try:
-        view = local.process(runtime, runner, run_id, progress=not args.quiet)
+        view = local.process(runtime, runner, run_id, progress=progress)
     except KeyboardInterrupt:
         return _interrupted(runtime, runner, run_id, resume_argv)
     out = getattr(args, "out", None)
-    footer = [f"\nresults: {database_label(runtime.database.url)} (run {run_id})"]
+    footer = [""]
     if out is not None:
         local.write_results(runtime, run_id, out, getattr(args, "format", None))
         footer.append(f"per-item results with claims: {out}")
+    else:
+        footer.append(
+            f"per-item results with claims: recallq results {run_id} --out results.jsonl "
+            "(or --out FILE on this command)"
+        )
     report_to = getattr(args, "report", None)
     if report_to is not None:
         backend = LocalBackend(runtime.settings, runtime.database)
@@ -185,7 +245,10 @@ def _score(
     groups = None
     if by:
         with runtime.database.session() as session:
-            groups = queries.group_summary(session, run_id, by)
+            try:
+                groups = queries.group_summary(session, run_id, by)
+            except UnknownField as exc:  # the run is scored: say so, and show the rest
+                print(f"recallq: --by: {exc}", file=sys.stderr)
     return report(view, gates.Gate.of(args), sys.stdout, by=by, groups=groups, footer=footer)
 
 
@@ -218,6 +281,8 @@ def _interrupted(
         progress = f": {done} of {counts['total']} items done, and not sent again"
     except Exception:  # the message below matters more than the counts
         progress = ""
+    with contextlib.suppress(Exception):  # a resume sends them again all the same
+        local.release(runtime, run_id)
     print(f"recallq: run {run_id} is kept{progress}", file=sys.stderr)
     if resume_argv is not None:
         argv = [arg for arg in resume_argv if arg != "--fresh"]

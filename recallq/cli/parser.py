@@ -170,6 +170,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="through the provider's Batch API (a model marked `batch: true`): about half the "
         "price, results within 24 h",
     )
+    submit.add_argument(
+        "--json", action="store_true", help="with --wait, the final run object as JSON"
+    )
     _add_gate(submit)
     _add_api(submit)
     submit.set_defaults(func=_command("run_commands", "submit"))
@@ -240,7 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=helptext)
         p.add_argument("run_id")
         _add_api(p)
-        if name != "cancel":
+        if name == "cancel":
+            p.add_argument("--json", action="store_true", help="the run object as JSON")
+        else:
             p.add_argument("--concurrency", type=int, help="judge calls in flight (local)")
             p.add_argument("--quiet", action="store_true", help="no progress bar")
         if name == "resume":

@@ -16,15 +16,27 @@ from typing import Any
 
 from recallq import display, gates
 from recallq.cli import local_runs
-from recallq.cli.backends import DEFAULT_API_URL, api_url, open_backend
+from recallq.cli.backends import DEFAULT_API_URL, api_url, nothing_found, open_backend
 from recallq.cli.reports import write_report
-from recallq.client import Client
+from recallq.client import ApiError, Client
 from recallq.gates import CommandError, Exit
+from recallq.ingest import SubmissionError
 from recallq.settings import Settings
+from recallq.status import RUN_ACTIVE, RunStatus
 
 
 def _print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, ensure_ascii=False))
+
+
+def print_run(view: dict[str, Any], as_json: bool, **summary: Any) -> None:
+    """How every command that shows a run shows it: its summary, or with --json the run
+    object."""
+    if as_json:
+        _print_json(view)
+        return
+    for line in display.summary_lines(view, title="recallq status", **summary):
+        print(line)
 
 
 # --- commands --------------------------------------------------------------------------------
@@ -42,18 +54,14 @@ def submit(args: argparse.Namespace) -> int:
     mapping = dataset.parse_mapping(args.map or [])
     settings: Settings = args.settings
     with Client(api_url(args, settings) or DEFAULT_API_URL, settings.api_key) as client:
-        run = client.submit(
-            args.file,
-            model=args.model,
-            name=args.name,
-            scale=args.scale,
-            context=args.context,
-            context_extractor=args.context_extractor,
-            mapping=mapping,
-            progress=not args.quiet,
-            mode="batch" if args.batch else None,
-            claims_from=args.claims_from,
-        )
+        try:
+            run = _submitted(client, args, mapping)
+        except (ApiError, SubmissionError) as exc:
+            line = local_runs.rejected_file(args.file, exc.code, exc.message)
+            if line is None:
+                raise
+            status = f"{exc.status} {exc.code}: " if isinstance(exc, ApiError) else ""
+            raise CommandError(status + line) from None
         if not args.wait:
             print(run.id)
             return Exit.OK
@@ -67,7 +75,7 @@ def submit(args: argparse.Namespace) -> int:
                 file=sys.stderr,
             )
             return Exit.INTERRUPTED
-    _print_json(view)
+    print_run(view, args.json)
     thresholds = gates.Gate.of(args)
     code, reasons = gates.exit_code(view, thresholds)
     for reason in reasons:
@@ -75,6 +83,21 @@ def submit(args: argparse.Namespace) -> int:
     if code == Exit.OK and (thresholds.min_score is not None or thresholds.max_failed is not None):
         print(gates.passed_line(view, thresholds), file=sys.stderr)
     return code
+
+
+def _submitted(client: Client, args: argparse.Namespace, mapping: dict[str, str]) -> Any:
+    return client.submit(
+        args.file,
+        model=args.model,
+        name=args.name,
+        scale=args.scale,
+        context=args.context,
+        context_extractor=args.context_extractor,
+        mapping=mapping,
+        progress=not args.quiet,
+        mode="batch" if args.batch else None,
+        claims_from=args.claims_from,
+    )
 
 
 def runs(args: argparse.Namespace) -> int:
@@ -85,6 +108,13 @@ def runs(args: argparse.Namespace) -> int:
         backend.close()
     if args.json:
         _print_json(views)
+    elif not views:
+        filtered = " ".join(
+            f"--{name} {value}"
+            for name, value in (("status", args.status), ("name", args.name))
+            if value
+        )
+        print(nothing_found(backend, "runs" + (f" matching {filtered}" if filtered else "")))
     else:
         for line in display.runs_table(views):
             print(line)
@@ -97,14 +127,7 @@ def status(args: argparse.Namespace) -> int:
         view = backend.view(args.run_id, args.by)
     finally:
         backend.close()
-    if args.json:
-        _print_json(view)
-        return Exit.OK
-    lines = display.summary_lines(
-        view, title="recallq status", by=args.by, groups=view.get("by_group")
-    )
-    for line in lines:
-        print(line)
+    print_run(view, args.json, by=args.by, groups=view.get("by_group"))
     return Exit.OK
 
 
@@ -166,9 +189,20 @@ def gate(args: argparse.Namespace) -> int:
 def cancel(args: argparse.Namespace) -> int:
     backend = open_backend(args)
     try:
-        _print_json(backend.cancel(args.run_id))
+        before = backend.view(args.run_id)["status"]
+        view = backend.cancel(args.run_id)
     finally:
         backend.close()
+    if before == RunStatus.CANCELLED:
+        said = f"run {args.run_id} was already cancelled: nothing changed"
+    elif before not in RUN_ACTIVE:
+        said = f"run {args.run_id} had already ended ({before}): nothing to cancel"
+    else:
+        said = f"run {args.run_id} cancelled"
+        if view.get("calls_stopped") is False:
+            said += " (the calls already sent were not stopped: Redis unreachable)"
+    print(f"recallq: {said}", file=sys.stderr)
+    print_run(view, args.json)
     return Exit.OK
 
 
@@ -197,8 +231,7 @@ def resume(args: argparse.Namespace) -> int:
             f"recallq: resume run {args.run_id}: {view['resumed_items']} items queued again",
             file=sys.stderr,
         )
-        for line in display.summary_lines(view, title="recallq status"):
-            print(line)
+        print_run(view, False)
         return Exit.OK
     return local_runs.continue_run(args, settings, "resume")
 

@@ -4,11 +4,28 @@ the service's processes."""
 from __future__ import annotations
 
 import argparse
+import socket
 
 from recallq.display import database_label
+from recallq.gates import CommandError
+
+
+def _check_free(host: str, port: int) -> None:
+    """One line (exit 2) for an address in use, before uvicorn's multi-line error and exit 3."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        try:
+            probe.bind((host, port))
+        except OSError as exc:
+            raise CommandError(
+                f"cannot listen on {host}:{port}: {exc.strerror or exc} (is another server "
+                "on it? pass --port)"
+            ) from None
 
 
 def api(args: argparse.Namespace) -> int:
+    _check_free(args.host, args.port)
     import uvicorn  # here: only this command needs the server
 
     uvicorn.run(

@@ -42,7 +42,7 @@ def recallq(*args: str, api: str) -> subprocess.CompletedProcess[str]:
 
 def test_submit_wait_status_and_results(api_url: str, tmp_path: Path) -> None:
     data = REPO / "examples" / "eval_set.jsonl"
-    submitted = recallq("submit", str(data), "--name", "cli", "--wait", api=api_url)
+    submitted = recallq("submit", str(data), "--name", "cli", "--wait", "--json", api=api_url)
     assert submitted.returncode == 0, submitted.stderr
     final = json.loads(submitted.stdout)  # stdout is the run object alone
     run_id = final["id"]
@@ -64,7 +64,34 @@ def test_submit_wait_status_and_results(api_url: str, tmp_path: Path) -> None:
     retried = recallq("retry", run_id, api=api_url)
     assert json.loads(retried.stdout)["retried_items"] == 0
     cancelled = recallq("cancel", run_id, api=api_url)
-    assert json.loads(cancelled.stdout)["status"] == "completed"  # already ended: unchanged
+    assert cancelled.returncode == 0, cancelled.stderr
+    assert f"run {run_id} had already ended (completed): nothing to cancel" in cancelled.stderr
+    assert "status             completed" in cancelled.stdout  # the summary, as status prints
+    assert json.loads(recallq("cancel", run_id, "--json", api=api_url).stdout)["status"] == (
+        "completed"
+    )
+
+
+def test_submit_wait_prints_the_summary_status_prints(api_url: str) -> None:
+    data = REPO / "examples" / "eval_set.jsonl"
+    waited = recallq("submit", str(data), "--wait", "--quiet", api=api_url)
+    assert waited.returncode == 0, waited.stderr
+    run_id = waited.stderr.split("recallq: run ")[1].split()[0]
+    status = recallq("status", run_id, api=api_url)
+    assert waited.stdout == status.stdout
+    assert not waited.stdout.lstrip().startswith("{") and len(waited.stdout.splitlines()) < 40
+
+
+def test_a_run_whose_every_item_failed_says_so_first(api_url: str, tmp_path: Path) -> None:
+    data = tmp_path / "all-bad.jsonl"
+    bad = [
+        {"id": f"bad{n}", "ground_truth": "STUB_HTTP_400 here.", "context": ["x"]} for n in range(3)
+    ]
+    data.write_text("".join(json.dumps(item) + "\n" for item in bad))
+    done = recallq("submit", str(data), "--model", "stub-judge", "--wait", "--quiet", api=api_url)
+    assert done.returncode == 1
+    lines = done.stdout.splitlines()
+    assert lines[1].startswith("  every item failed (3 of 3): "), done.stdout
 
 
 def test_errors_are_reported_without_a_traceback(api_url: str, tmp_path: Path) -> None:
@@ -73,6 +100,8 @@ def test_errors_are_reported_without_a_traceback(api_url: str, tmp_path: Path) -
     submitted = recallq("submit", str(bad), api=api_url)
     assert submitted.returncode == 2
     assert "422 no_context" in submitted.stderr and "Traceback" not in submitted.stderr
+    assert "(its fields: id, ground_truth)" in submitted.stderr
+    assert "--map context=FIELD" in submitted.stderr
     missing = recallq("status", "no-such-run", api=api_url)
     assert missing.returncode == 2 and "404 not_found" in missing.stderr
     nothing = recallq("submit", str(tmp_path / "nothing.jsonl"), api=api_url)
@@ -98,7 +127,7 @@ def test_an_unreachable_api_is_one_line(tmp_path: Path) -> None:
 
 def test_results_into_a_pipe_closed_early_end_quietly(api_url: str) -> None:
     data = REPO / "examples" / "eval_set.jsonl"
-    run_id = json.loads(recallq("submit", str(data), "--wait", api=api_url).stdout)["id"]
+    run_id = json.loads(recallq("submit", str(data), "--wait", "--json", api=api_url).stdout)["id"]
     env = {**os.environ, "RECALLQ_API_URL": api_url}
     reader = subprocess.Popen(
         f"{sys.executable} -m recallq.cli results {run_id} --format csv | head -c 10",
@@ -118,7 +147,7 @@ def test_submit_with_a_context_extractor_names_the_run_after_the_file(api_url: s
     agent_run = REPO / "examples" / "agent_run.jsonl"
     extractor = '{"type": "tool_results"}'
     done = recallq(
-        "submit", str(agent_run), "--context-extractor", extractor, "--wait", api=api_url
+        "submit", str(agent_run), "--context-extractor", extractor, "--wait", "--json", api=api_url
     )
     assert done.returncode == 0, done.stderr
     final = json.loads(done.stdout)
@@ -132,7 +161,7 @@ DATA = REPO / "tests" / "data"
 
 def test_tool_shaped_files_through_the_service(api_url: str, tmp_path: Path) -> None:
     for name in ("ragas.jsonl", "deepeval.json", "contexts.csv"):
-        done = recallq("submit", str(DATA / name), "--wait", "--quiet", api=api_url)
+        done = recallq("submit", str(DATA / name), "--wait", "--json", "--quiet", api=api_url)
         assert done.returncode == 0, done.stderr
         run = json.loads(done.stdout)
         assert run["status"] == "completed" and run["counts"]["failed"] == 0, name
@@ -156,7 +185,7 @@ def test_submit_wait_and_gate_exit_codes(api_url: str, tmp_path: Path) -> None:
     ]
     data = tmp_path / "gates.jsonl"
     data.write_text("".join(json.dumps(item) + "\n" for item in items))
-    failed = recallq("submit", str(data), "--model", "stub-judge", "--wait", api=api_url)
+    failed = recallq("submit", str(data), "--model", "stub-judge", "--wait", "--json", api=api_url)
     assert failed.returncode == 1, failed.stderr
     assert "recallq: 1 item failed (allow some with --max-failed N)" in failed.stderr
     run_id = json.loads(failed.stdout)["id"]
@@ -196,7 +225,9 @@ def test_runs_and_compare_through_the_api(api_url: str, tmp_path: Path) -> None:
     for name, items in (("bridges-a", base), ("bridges-b", candidate)):
         path = tmp_path / f"{name}.jsonl"
         path.write_text("".join(json.dumps(item) + "\n" for item in items))
-        done = recallq("submit", str(path), "--name", name, "--wait", "--quiet", api=api_url)
+        done = recallq(
+            "submit", str(path), "--name", name, "--wait", "--json", "--quiet", api=api_url
+        )
         ids.append(json.loads(done.stdout)["id"])
     listed = recallq("runs", "--name", "bridges-b", "--json", api=api_url)
     assert [run["id"] for run in json.loads(listed.stdout)] == [ids[1]]
@@ -228,7 +259,8 @@ def test_python_client(api_url: str) -> None:
         view = run.wait(progress=False)
         assert view["status"] == "completed" and view["counts"]["succeeded"] == 7
         assert [item["id"] for item in run.items(page_size=3)] == [str(n) for n in range(7)]
-        scored = list(run.items(status="succeeded", item_data=False))
+        scored = run.items(status="succeeded", item_data=False)
+        assert len(scored) == len(list(run.iter_items(status="succeeded", item_data=False)))
         assert len(scored) == 7 and "metadata" not in scored[0]
         table = run.to_pandas()
         assert list(table["score"]) == [0.0, 1.0, 0.0, 1.0, 0.0, 1.0, 0.0]
@@ -258,3 +290,28 @@ def test_a_bad_item_read_mid_upload_stores_nothing(api_url: str) -> None:
             client.submit(items, name="cut-short")
         assert client.runs(name="cut-short") == []
         assert client.get("/healthz") == {"status": "ok"}
+
+
+def test_by_a_field_no_item_has_is_a_422_naming_the_fields(api_url: str, tmp_path: Path) -> None:
+    import httpx
+
+    data = tmp_path / "topics.jsonl"
+    items = [
+        {
+            "id": f"t{n}",
+            "ground_truth": "Snow is white.",
+            "context": ["Snow is white."],
+            "metadata": {"topic": "weather"},
+        }
+        for n in range(2)
+    ]
+    data.write_text("".join(json.dumps(item) + "\n" for item in items))
+    run_id = json.loads(recallq("submit", str(data), "--wait", "--json", api=api_url).stdout)["id"]
+    response = httpx.get(f"{api_url}/v1/runs/{run_id}", params={"by": "topc"})
+    assert response.status_code == 422, response.text
+    error = response.json()["error"]
+    assert error["code"] == "unknown_field"
+    assert error["message"] == "no item has the metadata field 'topc'; the items' fields: topic"
+    assert httpx.get(f"{api_url}/v1/runs/{run_id}", params={"by": "topic"}).status_code == 200
+    page = httpx.get(f"{api_url}/runs/{run_id}", params={"by": "topc"})
+    assert page.status_code == 200 and "the items&#39; fields: topic" in page.text

@@ -8,6 +8,7 @@ import csv
 import io
 import json
 import os
+import re
 import signal
 import sqlite3
 import subprocess
@@ -202,7 +203,8 @@ def test_failed_items_and_gates_set_the_exit_code(tmp_path: Path, stub_env, clea
         "STUB_HTTP_400 breaks it."
     ]
     resumed = recallq("resume", run_id, "--quiet", cwd=tmp_path, env=stub_env)
-    assert resumed.returncode == 1 and "0 unended items sent again" in resumed.stderr
+    assert resumed.returncode == 1
+    assert re.search(rf"resume run {run_id}: 0 of \d+ items still to score", resumed.stderr)
 
 
 def test_min_score_gate_of_run_names_the_threshold(tmp_path: Path) -> None:
@@ -234,6 +236,53 @@ def _wait_for(predicate, timeout: float = 60) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
         time.sleep(0.05)
+
+
+def test_ctrl_c_during_start_up_says_how_to_resume(tmp_path: Path, stub_env, clean_stub) -> None:
+    items = [
+        {"id": f"s{n}", "ground_truth": truth, "context": [truth]}
+        for n, truth in enumerate(GROUND_TRUTHS)
+    ]
+    data = _jsonl(tmp_path / "startup.jsonl", items)
+    db = tmp_path / "local.db"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "recallq.cli", "run", str(data), "--model", "stub-judge"],
+        cwd=tmp_path,
+        env=_env(stub_env),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+    def stored() -> bool:
+        try:  # the file exists before its tables do
+            return db.exists() and bool(_rows(db, "SELECT count(*) FROM runs")[0][0])
+        except sqlite3.OperationalError:
+            return False
+
+    _wait_for(stored)  # the run is stored; the LLM library (seconds of CPU) is loading
+    process.send_signal(signal.SIGINT)
+    _, message = process.communicate(timeout=60)
+    assert process.returncode == 130, message
+    assert clean_stub.calls() == []  # stopped before any judge call: during start-up
+    (run_id,) = [row[0] for row in _rows(db, "SELECT id FROM runs")]
+    assert "Traceback" not in message and f"recallq resume {run_id}" in message, message
+    status = recallq("status", run_id, cwd=tmp_path, env=stub_env)
+    assert f"interrupted: resume with recallq resume {run_id}" in status.stdout
+
+
+def test_the_first_run_says_what_its_judge_is_and_where_results_are(tmp_path: Path) -> None:
+    example = str(REPO / "examples" / "eval_set.jsonl")
+    first = recallq("run", example, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr
+    assert "local/lexical is a word-matching baseline, not an LLM judge" in first.stdout
+    run_id = first.stdout.split("run                ")[1].split()[0]
+    assert f"recallq results {run_id} --out results.jsonl" in first.stdout
+    assert "recallq.db" not in first.stdout
+    again = recallq("run", example, cwd=tmp_path)  # no --quiet: a finished run shows no bar
+    assert again.returncode == 0, again.stderr
+    assert "this file was scored already" in again.stderr
+    assert "item/s" not in again.stderr and "it/s" not in again.stderr, again.stderr
 
 
 def test_ctrl_c_then_the_same_command_resumes_without_paying_twice(
@@ -294,11 +343,22 @@ def test_ctrl_c_then_the_same_command_resumes_without_paying_twice(
     }
     assert 3 <= len(scored_before) < len(items)
     assert _rows(db, "SELECT status FROM runs") == [("running",)]  # not cancelled: resumable
+    # nothing scores it now, and every command that shows it says so, and how to go on
+    hint = f"interrupted: resume with recallq resume {run_id}"
+    status = recallq("status", run_id, cwd=tmp_path, env=stub_env)
+    assert f"running ({hint})" in status.stdout, status.stdout
+    listed = recallq("runs", cwd=tmp_path, env=stub_env)
+    assert "running (interrupted)" in listed.stdout and hint in listed.stdout, listed.stdout
 
     clean_stub.configure(latency_ms=0)
     again = recallq(*command, cwd=tmp_path, env=stub_env)
     assert again.returncode == 0, again.stderr
-    assert f"resuming run {run_id}" in again.stderr
+    unscored = len(items) - len(scored_before)
+    # every item not scored yet, not only those the stopped process had handed out
+    assert f"resuming run {run_id}: {unscored} of {len(items)} items still to score" in (
+        again.stderr
+    )
+    assert "interrupted" not in recallq("status", run_id, cwd=tmp_path, env=stub_env).stdout
     assert _rows(db, "SELECT count(*), min(status), max(status) FROM items") == [
         (12, "succeeded", "succeeded")
     ]
@@ -528,7 +588,11 @@ def test_a_local_run_cancelled_from_another_shell_resumes_where_it_stopped(
         (run_id,) = _rows(db, "SELECT id FROM runs")[0]
         cancelled = recallq("cancel", run_id, cwd=tmp_path, env=stub_env)
         assert cancelled.returncode == 0, cancelled.stderr
-        assert json.loads(cancelled.stdout)["status"] == "cancelled"
+        assert f"recallq: run {run_id} cancelled" in cancelled.stderr
+        assert "status             cancelled" in cancelled.stdout
+        again = recallq("cancel", run_id, "--json", cwd=tmp_path, env=stub_env)
+        assert f"run {run_id} was already cancelled" in again.stderr
+        assert json.loads(again.stdout)["status"] == "cancelled"
         running.communicate(timeout=120)
     finally:
         if running.poll() is None:
@@ -560,3 +624,70 @@ def test_a_local_run_cancelled_from_another_shell_resumes_where_it_stopped(
         sent |= {data["ground_truth"]} if "ground_truth" in data else set()
         sent |= {truth["text"] for truth in data.get("ground_truths", [])}
     assert sent <= unscored, sent - unscored
+
+
+def test_runs_that_finds_none_says_where_it_looked_and_how_to_ask_the_service(
+    tmp_path: Path,
+) -> None:
+    env = {"RECALLQ_DATABASE_URL": f"sqlite:///{tmp_path / 'empty.db'}"}
+    assert recallq("migrate", cwd=tmp_path, env=env).returncode == 0
+    listed = recallq("runs", cwd=tmp_path, env=env)
+    assert listed.returncode == 0, listed.stderr
+    where = f"the local database {tmp_path / 'empty.db'}"
+    ask = "(a run of a service: pass --api URL or set RECALLQ_API_URL)"
+    assert listed.stdout.strip() == f"no runs in {where} {ask}"
+    missing = recallq("status", "some-run", cwd=tmp_path, env=env)
+    assert missing.returncode == 2 and f"in {where} {ask}" in missing.stderr  # the same words
+    filtered = recallq("runs", "--status", "cancelled", cwd=tmp_path, env=env)
+    assert filtered.stdout.startswith("no runs matching --status cancelled in the local database")
+
+
+def test_a_file_refused_as_a_whole_is_named_with_its_fields(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    done = recallq("run", str(empty), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr == f"recallq: {empty}: the file holds no items\n"
+    unknown = tmp_path / "export.csv"
+    unknown.write_text("question,gold_answer,passages\nq,Snow is white.,Snow is white.\n")
+    done = recallq("run", str(unknown), cwd=tmp_path)
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert f"{unknown}: no item has a context" in done.stderr, done.stderr
+    assert "(its fields: question, gold_answer, passages)" in done.stderr
+    assert "--map context=FIELD" in done.stderr
+
+
+def test_by_a_field_no_item_has_lists_the_fields_that_exist(tmp_path: Path) -> None:
+    items = [
+        {
+            "id": f"t{n}",
+            "ground_truth": "Snow is white.",
+            "context": ["Snow is white."],
+            "metadata": {"topic": "weather", "lang": "en"},
+        }
+        for n in range(3)
+    ]
+    data = _jsonl(tmp_path / "topics.jsonl", items)
+    done = recallq("run", str(data), "--by", "topc", "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr  # the run is scored; the slice is refused
+    message = "no item has the metadata field 'topc'; the items' fields: lang, topic"
+    assert f"recallq: --by: {message}" in done.stderr
+    assert "(missing)" not in done.stdout
+    run_id = done.stdout.split("run                ")[1].split()[0]
+    status = recallq("status", run_id, "--by", "topc", cwd=tmp_path)
+    assert status.returncode == 2 and status.stderr == f"recallq: {message}\n"
+    sliced = recallq("status", run_id, "--by", "topic", cwd=tmp_path)
+    assert "weather" in sliced.stdout
+
+
+def test_api_on_a_busy_port_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        done = recallq("api", "--host", "127.0.0.1", "--port", str(port), cwd=tmp_path, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"recallq: cannot listen on 127.0.0.1:{port}: ")

@@ -122,7 +122,9 @@ def test_csv_out_and_a_histogram_in_the_runs_scale(tmp_path: Path) -> None:
 def test_the_agent_example_runs_with_a_context_extractor(tmp_path: Path) -> None:
     agent_run = str(REPO / "examples" / "agent_run.jsonl")
     without = recallq_run([agent_run, "--quiet"], tmp_path)
-    assert without.returncode == 2 and "no item can resolve a context" in without.stderr
+    assert without.returncode == 2 and "no item has a context" in without.stderr
+    assert "(its fields: id, input, output, ground_truth)" in without.stderr
+    assert "--context-extractor for agent-shaped items" in without.stderr
     extractor = '{"type": "tool_results"}'
     done = recallq_run([agent_run, "--context-extractor", extractor, "--quiet"], tmp_path)
     assert done.returncode == 0, done.stderr

@@ -149,6 +149,9 @@ def test_a_dataframe_in_and_out(database: str) -> None:
         "metal": {"items": 2, "scored_items": 2, "failed": 0, "mean_score": 0.75},
         "misc": {"items": 1, "scored_items": 1, "failed": 0, "mean_score": 0.0},
     }
+    with pytest.raises(ValueError, match="no item has the metadata field 'categroy'") as refused:
+        result.summary_by("categroy")
+    assert "the items' fields: " in str(refused.value) and "category" in str(refused.value)
 
 
 def test_a_parquet_file(tmp_path: Path, database: str) -> None:
@@ -182,6 +185,54 @@ def test_results_compare_with_a_known_difference(database: str) -> None:
     assert result["mean_difference"] == expected
     assert result["ci95"][0] <= expected <= result["ci95"][1]
     assert result["improved"] == 10 and result["claims_flipped"]["no_to_yes"] == 10
+
+
+def test_evaluate_again_returns_the_finished_run_as_the_cli_does(
+    tmp_path: Path, clean_stub, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.services import write_models_file
+
+    monkeypatch.setenv("RECALLQ_MODELS_FILE", str(write_models_file(tmp_path, clean_stub.base_url)))
+    monkeypatch.setenv("STUB_API_KEY", "sk-stub-secret")
+    database = f"sqlite:///{tmp_path / 'cell.db'}"
+    items = [
+        {"id": f"c{n}", "ground_truth": f"Lake {n} is deep.", "context": ["x"]} for n in range(3)
+    ]
+    first = recallq.evaluate(items, "stub-judge", database_url=database, progress=False)
+    calls = len(clean_stub.calls())
+    assert calls > 0
+    again = recallq.evaluate(items, "stub-judge", database_url=database, progress=False)
+    assert again.run_id == first.run_id and len(clean_stub.calls()) == calls  # no call
+    assert again.items == first.items
+    other = recallq.evaluate(
+        items, "stub-judge", database_url=database, progress=False, name="another"
+    )
+    assert other.run_id != first.run_id  # other run fields: another run
+    fresh = recallq.evaluate(items, "stub-judge", database_url=database, progress=False, fresh=True)
+    assert fresh.run_id not in (first.run_id, other.run_id)
+    path = tmp_path / "cell.jsonl"
+    path.write_text("".join(json.dumps(item) + "\n" for item in items))
+    of_file = recallq.evaluate(path, "stub-judge", database_url=database, progress=False)
+    assert recallq.evaluate(path, "stub-judge", database_url=database, progress=False).run_id == (
+        of_file.run_id
+    )
+    # the CLI finds the run evaluate made of the same file: the same key
+    env = {
+        **_clean_env(),
+        "RECALLQ_DATABASE_URL": database,
+        "STUB_API_KEY": "sk-stub-secret",
+        "RECALLQ_MODELS_FILE": str(tmp_path / "models.yaml"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "recallq.cli", "run", str(path), "--model", "stub-judge"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert f"this file was scored already in run {of_file.run_id}" in done.stderr
 
 
 def test_bad_input_is_a_value_error_naming_the_item(database: str) -> None:

@@ -7,6 +7,7 @@ a run that never existed; Idempotency-Keys belong to their project.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -195,13 +196,30 @@ def test_keys_list_never_shows_a_key(env: dict[str, str], keys: dict[str, str | 
         if key is not None:
             assert key not in listed.stdout
     assert "alpha" in listed.stdout and "revoked" in listed.stdout
+    assert listed.stdout.splitlines()[0].split()[:5] == ["id", "project", "role", "prefix", "state"]
+
+
+def test_keys_list_shows_each_keys_last_use(api: str, env: dict[str, str]) -> None:
+    key = make_key(env, "alpha", "read", label="last-use-probe")
+
+    def row() -> str:
+        listed = recallq(env, "keys", "list", "--project", "alpha")
+        assert listed.returncode == 0, listed.stderr
+        assert "last used (UTC)" in listed.stdout.splitlines()[0]
+        return next(line for line in listed.stdout.splitlines() if "last-use-probe" in line)
+
+    assert " never " in row()
+    assert httpx.get(f"{api}/v1/runs", headers=bearer(key)).status_code == 200
+    used = row()
+    assert " never " not in used
+    assert re.search(r"\d{4}-\d\d-\d\d \d\d:\d\d", used), used
 
 
 def test_bad_key_commands_say_why(env: dict[str, str]) -> None:
     bad = recallq(env, "keys", "create", "--project", "no spaces", "--role", "admin")
     assert bad.returncode == 2 and "project must be" in bad.stderr and "Traceback" not in bad.stderr
     missing = recallq(env, "keys", "revoke", "0000000000000000")
-    assert missing.returncode == 1 and "no active key" in missing.stderr
+    assert missing.returncode == 2 and "no active key" in missing.stderr
 
 
 def test_the_cli_deletes_with_an_admin_key(

@@ -294,7 +294,9 @@ def test_the_cli_submits_a_batch_run_and_local_mode_refuses_one(
 ) -> None:
     data = tmp_path / "items.jsonl"
     data.write_text("".join(json.dumps(item) + "\n" for item in make_items("cli", 20)))
-    submitted = cli("submit", str(data), "--model", "stub-judge", "--batch", "--wait", api=api)
+    submitted = cli(
+        "submit", str(data), "--model", "stub-judge", "--batch", "--wait", "--json", api=api
+    )
     assert submitted.returncode == 0, submitted.stderr
     final = json.loads(submitted.stdout)  # the run id goes to stderr
     assert final["mode"] == "batch" and final["counts"]["succeeded"] == 20

@@ -63,9 +63,12 @@ def stub() -> Iterator:
 
 @pytest.fixture()
 def clean_stub(stub):
-    """The stub with no recorded calls and no faults."""
+    """The stub with no recorded calls and every setting at its default: no faults, no
+    hostile or flipping judge, prompts recorded (a test that changed one must not leak it)."""
+    from tests.stub_llm import StubConfig
+
     stub.reset()
-    stub.configure(latency_ms=0, rate_429=0, rate_500=0, rpm_limit=None)
+    stub.configure(**StubConfig().as_dict())
     return stub
 
 

@@ -47,6 +47,12 @@ def mark_unpriced(*names: str) -> None:
     _unpriced.update(names)
 
 
+def mark_priced(*names: str) -> None:
+    """Names a judge built later gives prices for (a models file read again, another test's
+    models): priced again, whatever an earlier judge of the same name said."""
+    _unpriced.difference_update(names)
+
+
 def prepare_litellm() -> None:
     """Import litellm offline, set its globals for recallq, and patch it. Idempotent."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import

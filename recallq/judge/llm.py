@@ -128,8 +128,11 @@ class LLMJudge:
             or model.split("/", 1)[-1] in litellm.model_cost
             or any(self._params.get(name) is not None for name in PRICE_PARAMS)
         )
-        if not self._priced:
-            patches.mark_unpriced(model, model.split("/", 1)[-1])
+        names = (model, model.split("/", 1)[-1])
+        if self._priced:
+            patches.mark_priced(*names)
+        else:
+            patches.mark_unpriced(*names)
         self._warm_up()
 
     def _warm_up(self) -> None:

@@ -59,6 +59,27 @@ def test_an_unpriced_model_is_not_priced(clean_stub, monkeypatch) -> None:
     assert priced == []  # recallq.patches: no price-map search for a model litellm cannot price
 
 
+def test_a_model_priced_by_a_later_models_file_is_priced(clean_stub) -> None:
+    """A name one judge found unpriced and a later judge of the same name gives prices for (a
+    models file read again; the tests' models files) costs what the prices say: the first
+    judge's mark does not stick to the name."""
+    assert _judge(clean_stub, "openai/stub-judge").extract_claims("Ada.", "r").usage.cost_usd == 0
+    params = {
+        "model": "openai/stub-judge",
+        "api_base": clean_stub.base_url,
+        "api_key": "sk-test",
+        "input_cost_per_token": 2e-6,
+        "output_cost_per_token": 8e-6,
+    }
+    priced = LLMJudge(
+        ModelConfig("judge", params), RetryPolicy(), Unlimited(), OpenGate(),
+        LocalCircuitBreaker(), 30,
+    )  # fmt: skip
+    usage = priced.extract_claims("Ada was born in 1815.", "r").usage
+    expected = usage.prompt_tokens * 2e-6 + usage.completion_tokens * 8e-6
+    assert usage.cost_usd == pytest.approx(expected, rel=1e-6) and usage.cost_usd > 0
+
+
 def test_an_unpriced_model_costs_nothing_and_logs_nothing(
     clean_stub, caplog: pytest.LogCaptureFixture
 ) -> None:

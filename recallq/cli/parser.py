@@ -179,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     runs = sub.add_parser("runs", help="list runs, newest first")
     _add_api(runs)
-    runs.add_argument("--status", choices=list(RunStatus), help="only these")
+    runs.add_argument("--status", choices=[s.value for s in RunStatus], help="only these")
     runs.add_argument("--name", help="only runs of this name")
     runs.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
     runs.add_argument("--json", action="store_true", help="the run objects as JSON")

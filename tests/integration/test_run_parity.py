@@ -266,4 +266,8 @@ def test_local_mode_evaluate_and_the_service_answer_alike(
     assert evaluated == served
     # a file's reader names where in the file the item is: the rest is the service's text
     assert local.message is not None and served.message is not None
+    if served.message.startswith("no item can resolve a context"):
+        # a file refused as a whole: the CLI names it, lists its fields and suggests --map
+        assert local.message.split(": ", 1)[1].startswith("no item has a context"), local
+        return
     assert re.sub(r"^\S+ line \d+: ", "", local.message) == served.message, (local, served)

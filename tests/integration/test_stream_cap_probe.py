@@ -67,17 +67,30 @@ def run(api: str, keys: dict[str, str]) -> str:
 
 
 def _stalled_reader(api: str, key: str, run: str) -> socket.socket:
-    """A client that asks for the results and then reads nothing."""
+    """A client that asks for the results, reads the status line and then nothing more.
+
+    Its stream holds a slot once the status line is 200. A 429 means an earlier stream (a
+    probe that just hung up) still held the slot: the API gives it back when it sees the
+    hang-up, so ask again."""
     address = urlparse(api)
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    sock.connect((address.hostname, address.port))
     request = (
         f"GET /v1/runs/{run}/results?format=jsonl HTTP/1.1\r\nHost: {address.netloc}\r\n"
         f"Authorization: Bearer {key}\r\n\r\n"
     )
-    sock.sendall(request.encode())
-    return sock
+    deadline = time.monotonic() + 60
+    while True:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.settimeout(60)
+        sock.connect((address.hostname, address.port))
+        sock.sendall(request.encode())
+        head = sock.recv(64)
+        if head.startswith(b"HTTP/1.1 200"):
+            sock.settimeout(None)
+            return sock
+        sock.close()
+        assert head.startswith(b"HTTP/1.1 429") and time.monotonic() < deadline, head
+        time.sleep(0.2)
 
 
 def _status_of_a_stream(api: str, key: str, run: str) -> int:

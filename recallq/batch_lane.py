@@ -41,8 +41,6 @@ from recallq.batch_requests import (
     FAILED_REQUEST,
     UNANSWERED,
     Answer,
-    BatchAPI,
-    BatchInfo,
     InputFile,
     LineFailure,
     LineResult,
@@ -66,6 +64,7 @@ from recallq.batch_store import (
 from recallq.claim_cache import ClaimCache
 from recallq.errors import PermanentJudgeError, TransientJudgeError
 from recallq.judge.base import Repair
+from recallq.judge.provider_batch import BatchAPI, BatchInfo
 from recallq.judge_models import JudgeModelsError, ModelConfig
 from recallq.outcomes import Stage
 from recallq.pipeline import AskAgain, Claims, Failed, ResendLater, Scored, Verdicts, Wait

@@ -4,8 +4,8 @@
     output / error file ──parse_results()──► {custom_id: Answer | LineFailure}
     a request and its result ──decide()──► what happens to the item next
 
-It also names what the lane needs of a provider (BatchAPI, BatchInfo: recallq.judge.batch_api
-implements them through litellm) and what a batch answer used (at recallq.prices' batch price).
+It also says what a batch answer used (at recallq.prices' batch price); what the lane needs of
+a provider is recallq.judge.provider_batch.
 
 `decide` applies the pipeline's rules (recallq.pipeline), the online engine's too, to one
 answer, so a batch-mode run scores exactly as an online one. What an online call does twice in
@@ -17,17 +17,17 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from recallq import pipeline, scoring
 from recallq.judge import protocol
 from recallq.judge.base import Repair
+from recallq.judge.provider_batch import ENDPOINT, is_transient
 from recallq.outcomes import Stage
 from recallq.pipeline import AskAgain, Claims, Failed, ResendLater, Verdicts
 from recallq.prices import Price
 from recallq.usage import Usage
 
-ENDPOINT = "/v1/chat/completions"
 CUSTOM_ID_PREFIX = "rq-"
 #: Body parameters of a models file entry's litellm_params that a batch request carries, as
 #: an online call does (the rest configure the connection or the price).
@@ -166,12 +166,6 @@ LineResult = Answer | LineFailure
 UNANSWERED = LineFailure("the provider's batch ended without answering this request", True)
 
 
-def is_transient(status: int | None) -> bool:
-    """Whether a provider's HTTP status is worth another try, as online (recallq.judge.llm):
-    429, 408, 409, 5xx, and no status at all (the request was never run)."""
-    return status is None or status in (408, 409, 429) or status >= 500
-
-
 def parse_results(content: bytes | str) -> dict[str, LineResult]:
     """The results of an output or error file by custom_id. Lines that are not results (not
     JSON, no custom_id) are skipped; a custom_id seen twice keeps its first result."""
@@ -298,50 +292,3 @@ def repair_carry(request: Request, repair: Repair) -> dict[str, Any]:
     carry: dict[str, Any] = {"answer": repair.answer, "problem": repair.problem}
     kept = (request.carry or {}).get("verdicts")
     return {"verdicts": kept, **carry} if kept else carry
-
-
-# --- the provider's Batch API, as the lane uses it ---------------------------------------------
-
-#: Batch statuses after which a batch changes no more.
-FINAL = frozenset({"completed", "failed", "expired", "cancelled"})
-
-
-@dataclass(frozen=True)
-class BatchInfo:
-    """A provider batch as the lane reads it."""
-
-    id: str
-    status: str
-    output_file_id: str | None = None
-    error_file_id: str | None = None
-    total: int = 0
-    completed: int = 0
-    failed: int = 0
-    created_at: int = 0
-    metadata: dict[str, str] = field(default_factory=dict)
-    errors: str | None = None  # why the provider failed the whole batch, if it did
-
-    @property
-    def final(self) -> bool:
-        return self.status in FINAL
-
-
-class BatchAPI(Protocol):
-    """One model's provider Batch API."""
-
-    #: the model name request bodies carry (litellm_params.model without its provider prefix)
-    body_model: str
-    #: litellm_params that request bodies carry (see recallq.batch_requests.BODY_PARAMS)
-    body_params: dict[str, Any]
-
-    def upload(self, filename: str, content: bytes) -> str: ...
-
-    def create(self, input_file_id: str, metadata: dict[str, str]) -> BatchInfo: ...
-
-    def find(self, key: str, value: str, since: float) -> BatchInfo | None: ...
-
-    def retrieve(self, batch_id: str) -> BatchInfo: ...
-
-    def cancel(self, batch_id: str) -> BatchInfo: ...
-
-    def content(self, file_id: str) -> bytes: ...

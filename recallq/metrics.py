@@ -23,7 +23,6 @@ from prometheus_client import Counter, Histogram
 from prometheus_client.registry import REGISTRY, Collector
 
 from recallq.gates import CommandError
-from recallq.judge import protocol
 from recallq.status import ITEM_ENDED
 
 log = logging.getLogger(__name__)
@@ -85,13 +84,6 @@ HTTP_REQUEST_SECONDS = Histogram(
     ["method", "route", "status"],
 )
 
-_STAGES = {
-    protocol.EXTRACTION: "extraction",
-    protocol.EXTRACTION_PACKED: "extraction",
-    protocol.ATTRIBUTION: "attribution",
-}
-
-
 # --- hooks: each called at one place ------------------------------------------------------
 
 
@@ -102,16 +94,14 @@ def items_moved(status: str, count: int) -> None:
         ITEMS_ENDED.labels(str(status)).inc(count)
 
 
-def judge_call(model: str, schema: str, outcome: str, seconds: float) -> None:
-    """recallq.judge.llm: one request went to the model (`schema` names the protocol call)."""
-    stage = _STAGES.get(schema, "other")
+def judge_call(model: str, stage: str, outcome: str, seconds: float) -> None:
+    """recallq.judge.llm: one request went to the model."""
     JUDGE_CALLS.labels(model, stage, outcome).inc()
     JUDGE_CALL_SECONDS.labels(model, stage).observe(seconds)
 
 
-def judge_usage(model: str, schema: str, prompt: int, completion: int, cost_usd: float) -> None:
+def judge_usage(model: str, stage: str, prompt: int, completion: int, cost_usd: float) -> None:
     """recallq.judge.llm: what an answered call used (what the run's usage counts)."""
-    stage = _STAGES.get(schema, "other")
     JUDGE_TOKENS.labels(model, stage, "prompt").inc(prompt)
     JUDGE_TOKENS.labels(model, stage, "completion").inc(completion)
     JUDGE_COST.labels(model, stage).inc(cost_usd)

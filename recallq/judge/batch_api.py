@@ -16,8 +16,8 @@ from collections.abc import Callable, Iterator
 from typing import Any, TypeVar
 
 from recallq import patches
-from recallq.batch_requests import ENDPOINT, BatchInfo, is_transient
 from recallq.errors import PermanentJudgeError, TransientJudgeError
+from recallq.judge.provider_batch import ENDPOINT, BatchInfo, is_transient
 from recallq.judge_models import ModelConfig
 from recallq.redact import Redactor
 

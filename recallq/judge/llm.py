@@ -194,6 +194,7 @@ class LLMJudge:
     ) -> Completion:
         """`repair`: this is the repair request of a malformed answer (its metrics say so)."""
         estimate = _estimate_tokens(messages)
+        stage = protocol.STAGE_OF[schema]
 
         def attempt() -> Any:
             probe = self._may_call()
@@ -213,7 +214,7 @@ class LLMJudge:
                         max_retries=0,
                     )
             except _TRANSIENT as exc:
-                metrics.judge_call(self.name, schema, "transient_error", time.monotonic() - sent)
+                metrics.judge_call(self.name, stage, "transient_error", time.monotonic() - sent)
                 reason, retry_after = _reason(exc), _retry_after(exc)
                 if isinstance(exc, litellm.RateLimitError):
                     metrics.provider_rate_limited(self.name)
@@ -223,7 +224,7 @@ class LLMJudge:
                     f"{type(exc).__name__}: {_clean(exc, self._redact)}", reason, retry_after
                 ) from None  # the provider's text, unredacted, stays out of every traceback
             except _PERMANENT as exc:  # the provider answered: it is up, this call is wrong
-                metrics.judge_call(self.name, schema, "permanent_error", time.monotonic() - sent)
+                metrics.judge_call(self.name, stage, "permanent_error", time.monotonic() - sent)
                 self._breaker.record_success(self.name, probe)
                 message = f"{type(exc).__name__}: {_clean(exc, self._redact)}"
                 raise PermanentJudgeError(message) from None
@@ -232,7 +233,7 @@ class LLMJudge:
                     self._breaker.release(self.name, probe)
                 raise
             answered = "repaired" if repair else "answered"
-            metrics.judge_call(self.name, schema, answered, time.monotonic() - sent)
+            metrics.judge_call(self.name, stage, answered, time.monotonic() - sent)
             self._breaker.record_success(self.name, probe)
             return response
 
@@ -243,7 +244,7 @@ class LLMJudge:
         self._limiter.settle(self.name, estimate, prompt + completion)
         cost = float(response._hidden_params.get("response_cost") or 0.0) if self._priced else 0.0
         self._gate.charge(run_id, cost, prompt + completion)
-        metrics.judge_usage(self.name, schema, prompt, completion, cost)
+        metrics.judge_usage(self.name, stage, prompt, completion, cost)
         choice = response.choices[0]
         usage = Usage(1, prompt, completion, cost) + attempts
         return Completion(choice.message.content, choice.finish_reason, usage)

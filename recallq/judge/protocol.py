@@ -8,10 +8,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from recallq.outcomes import Stage
+
 PROMPT_VERSION = "v1"
 EXTRACTION = "claim_extraction"
 EXTRACTION_PACKED = "claim_extraction_packed"
 ATTRIBUTION = "claim_attribution"
+#: the stage each call of the protocol serves (what usage and metrics count it under)
+STAGE_OF = {
+    EXTRACTION: Stage.EXTRACTION,
+    EXTRACTION_PACKED: Stage.EXTRACTION,
+    ATTRIBUTION: Stage.ATTRIBUTION,
+}
 
 EXTRACTION_SCHEMA: dict[str, Any] = {
     "type": "object",

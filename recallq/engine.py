@@ -25,13 +25,14 @@ import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from functools import partial
 from typing import Protocol
 
 from recallq import pipeline, scoring
 from recallq.claim_cache import ClaimCache
 from recallq.coordination.gate import RunCancelled
 from recallq.errors import JudgeError, MalformedAnswer, PermanentJudgeError
-from recallq.judge.base import Judge
+from recallq.judge.base import Judge, JudgeReply, Repair
 from recallq.judge.by_model import JudgeRegistry
 from recallq.outcomes import Continue, Deferred, Ended, Skipped, Stage, StageOutcome, Taken
 from recallq.pipeline import Failed, Scored, Verdicts, split_usage
@@ -154,24 +155,15 @@ class Engine:
         usage = NO_USAGE
         asked = list(range(len(claims)))
         kept: dict[int, scoring.Verdict] = {}
-        reask, repair = False, None
+        reask = False
         while True:
-            try:
-                reply = judge.attribute(
-                    [claims[i] for i in asked], contexts, taken.run_id, repair=repair
-                )
-            except MalformedAnswer as exc:
-                usage += exc.usage
-                mended = pipeline.malformed_answer(exc, repaired=repair is not None)
-                if isinstance(mended, Failed):
-                    return self._fail(taken, mended.error, usage, Stage.ATTRIBUTION)
-                repair = mended
-                continue
-            except JudgeError as exc:
-                return self._settle_error(taken, exc, usage + exc.usage, Stage.ATTRIBUTION)
-            usage += reply.usage
+            question = [claims[i] for i in asked]
+            answer, used = ask_repairing(partial(judge.attribute, question, contexts, taken.run_id))
+            usage += used
+            if not isinstance(answer, JudgeReply):
+                return self._unanswered(taken, answer, usage, Stage.ATTRIBUTION)
             found = pipeline.verdicts_found(
-                reply.data.get("verdicts"), asked, len(contexts), kept, reask
+                answer.data.get("verdicts"), asked, len(contexts), kept, reask
             )
             if isinstance(found, Failed):
                 return self._fail(taken, found.error, usage, Stage.ATTRIBUTION)
@@ -180,7 +172,7 @@ class Engine:
                 return self.items.succeed(
                     taken, done.outcome, usage, Stage.ATTRIBUTION, done.verdicts
                 )
-            asked, kept, reask, repair = found.missing, found.verdicts, True, None
+            asked, kept, reask = found.missing, found.verdicts, True
 
     def go_on(
         self,
@@ -283,21 +275,13 @@ class Engine:
         """One call for one ground truth (after `spent` on its behalf already), and its
         repair request if the answer is malformed."""
         assert taken.ground_truth is not None
-        usage, repair = spent, None
-        while True:
-            try:
-                reply = judge.extract_claims(taken.ground_truth, taken.run_id, repair=repair)
-            except MalformedAnswer as exc:
-                usage += exc.usage
-                mended = pipeline.malformed_answer(exc, repaired=repair is not None)
-                if isinstance(mended, Failed):
-                    return self._fail(taken, mended.error, usage, Stage.EXTRACTION)
-                repair = mended
-                continue
-            except JudgeError as exc:
-                return self._settle_error(taken, exc, usage + exc.usage, Stage.EXTRACTION)
-            claims = reply.data["claims"]
-            return self._claims_found(taken, claims, usage + reply.usage, key, hit=False)
+        answer, used = ask_repairing(
+            partial(judge.extract_claims, taken.ground_truth, taken.run_id)
+        )
+        usage = spent + used
+        if not isinstance(answer, JudgeReply):
+            return self._unanswered(taken, answer, usage, Stage.EXTRACTION)
+        return self._claims_found(taken, answer.data["claims"], usage, key, hit=False)
 
     def _claims_found(
         self, taken: Taken, claims: list[str], usage: Usage, key: str, hit: bool
@@ -310,6 +294,15 @@ class Engine:
             )
         stored = self.items.save_claims(taken, found.claims, usage, hit, key)
         return stored if isinstance(stored, Skipped) else Continue(stored)
+
+    def _unanswered(
+        self, taken: Taken, answer: Failed | JudgeError, usage: Usage, stage: Stage
+    ) -> Ended | Skipped | Deferred:
+        """A question the judge left unanswered: a malformed answer its repair did not mend,
+        or an error."""
+        if isinstance(answer, Failed):
+            return self._fail(taken, answer.error, usage, stage)
+        return self._settle_error(taken, answer, usage, stage)
 
     def _settle_error(
         self, taken: Taken, exc: JudgeError, usage: Usage, stage: Stage
@@ -338,6 +331,28 @@ class Engine:
         if isinstance(ended, Ended):  # else it had moved on: cancelled, or taken over
             log.info("%s failed: %s", taken.label, error)
         return ended
+
+
+def ask_repairing(
+    ask: Callable[[Repair | None], JudgeReply],
+) -> tuple[JudgeReply | Failed | JudgeError, Usage]:
+    """One judge call, and its repair request when the answer is malformed (the pipeline says
+    when a repair is allowed): the answer, Failed (a malformed answer not mended) or the error
+    the call raised, with what every call made for it used."""
+    usage, repair = NO_USAGE, None
+    while True:
+        try:
+            reply = ask(repair)
+        except MalformedAnswer as exc:
+            usage += exc.usage
+            mended = pipeline.malformed_answer(exc, repaired=repair is not None)
+            if isinstance(mended, Failed):
+                return mended, usage
+            repair = mended
+        except JudgeError as exc:
+            return exc, usage + exc.usage
+        else:
+            return reply, usage + reply.usage
 
 
 def extraction_packs(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
@@ -156,12 +157,16 @@ def api_url(args: argparse.Namespace, settings: Settings) -> str | None:
     return url
 
 
-def open_backend(args: argparse.Namespace) -> Backend:
+@contextmanager
+def open_backend(args: argparse.Namespace) -> Iterator[Backend]:
+    """The API or the local database, closed when the command is done with it."""
     settings: Settings = args.settings
     url = api_url(args, settings)
-    if url:
-        return ApiBackend(Client(url, settings.api_key))
-    return LocalBackend(settings)
+    backend: Backend = ApiBackend(Client(url, settings.api_key)) if url else LocalBackend(settings)
+    try:
+        yield backend
+    finally:
+        backend.close()
 
 
 #: What a client command says when it read the local database: how to ask a service.

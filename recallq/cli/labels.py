@@ -15,15 +15,22 @@ from __future__ import annotations
 import argparse
 import csv
 import io
+import json
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from recallq.cli.backends import open_local_database
+from recallq import gates, labels
+from recallq.cli import local_runs
+from recallq.cli.backends import api_url, open_backend, open_local_database
+from recallq.cli.output import print_json, print_run
 from recallq.client import Client
 from recallq.display import database_label
 from recallq.gates import CommandError, Exit
+from recallq.tables import Run
 
 if TYPE_CHECKING:
     from recallq.db import Database
@@ -89,14 +96,12 @@ def _seed(text: str) -> int:
 
 
 def _size(text: str) -> int:
-    from recallq.labels import MAX_SAMPLE
-
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 1 <= value <= MAX_SAMPLE:
-        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_SAMPLE}")
+    if not 1 <= value <= labels.MAX_SAMPLE:
+        raise argparse.ArgumentTypeError(f"must be 1 to {labels.MAX_SAMPLE}")
     return value
 
 
@@ -142,8 +147,6 @@ class LocalLabels:
         self.database, self.where = database, where
 
     def _run(self, session: Any, run_id: str) -> Any:
-        from recallq.tables import Run
-
         run = session.get(Run, run_id)
         if run is None or run.project != PROJECT:
             raise CommandError(
@@ -153,8 +156,6 @@ class LocalLabels:
         return run
 
     def _labels(self, work: Callable[[Any], Any]) -> Any:
-        from recallq import labels
-
         with self.database.session() as session:
             try:
                 return work(session)
@@ -162,8 +163,6 @@ class LocalLabels:
                 raise CommandError(exc.message) from None
 
     def draw(self, run_id: str, size: int, seed: int) -> tuple[list[str], str]:
-        from recallq import labels
-
         def work(session: Any) -> tuple[list[str], str]:
             run = self._run(session, run_id)
             keys = labels.draw_sample(session, run, size, seed, None)
@@ -173,8 +172,6 @@ class LocalLabels:
         return result
 
     def import_file(self, run_id: str, data: bytes) -> dict[str, Any]:
-        from recallq import labels
-
         def work(session: Any) -> dict[str, Any]:
             run = self._run(session, run_id)
             rows, unreadable = labels.parse_file(data)
@@ -188,8 +185,6 @@ class LocalLabels:
         return result
 
     def agreement(self, run_id: str, by: str | None, against: str | None) -> dict[str, Any]:
-        from recallq import labels
-
         def work(session: Any) -> dict[str, Any]:
             run = self._run(session, run_id)
             if against is None:
@@ -203,12 +198,20 @@ class LocalLabels:
         self.database.dispose()
 
 
-def open_labels(args: argparse.Namespace) -> LabelBackend:
+@contextmanager
+def open_labels(args: argparse.Namespace) -> Iterator[LabelBackend]:
+    """The API's labels or the local database's, closed when the command is done with them."""
     settings = args.settings
-    url = getattr(args, "api", None) or settings.api_url
-    if url:
-        return ApiLabels(Client(url, settings.api_key))
-    return LocalLabels(open_local_database(settings), database_label(settings.database_url))
+    url = api_url(args, settings)
+    store: LabelBackend = (
+        ApiLabels(Client(url, settings.api_key))
+        if url
+        else LocalLabels(open_local_database(settings), database_label(settings.database_url))
+    )
+    try:
+        yield store
+    finally:
+        store.close()
 
 
 def cmd_label(args: argparse.Namespace) -> int:
@@ -230,8 +233,7 @@ def cmd_label(args: argparse.Namespace) -> int:
             out = args.out.open("a", encoding="utf-8", newline="")
         except OSError as exc:
             raise CommandError(f"cannot write {args.out}: {exc.strerror}") from None
-    backend = open_labels(args)
-    try:
+    with open_labels(args) as backend:
         if data is not None:
             result = backend.import_file(args.run_id, data)
             for problem in result["problems"]:
@@ -256,8 +258,6 @@ def cmd_label(args: argparse.Namespace) -> int:
             out.seek(0)
             out.truncate()
             out.write(sheet)
-    finally:
-        backend.close()
     claims = max(0, sum(1 for _ in csv.reader(io.StringIO(sheet))) - 1)
     print(
         f"{len(keys)} items ({claims} claims) drawn with seed {args.seed} into {args.out}: fill "
@@ -267,15 +267,10 @@ def cmd_label(args: argparse.Namespace) -> int:
 
 
 def cmd_agreement(args: argparse.Namespace) -> int:
-    backend = open_labels(args)
-    try:
+    with open_labels(args) as backend:
         body = backend.agreement(args.run_id, args.by, args.against)
-    finally:
-        backend.close()
     if args.json:
-        import json
-
-        print(json.dumps(body, indent=2, ensure_ascii=False))
+        print_json(body)
         return Exit.OK
     print(describe(body))
     for name, group in (body.get("by_group") or {}).items():
@@ -345,21 +340,12 @@ def _corrected_gate(plain: Callable[[argparse.Namespace], int]) -> Callable[...,
 def corrected_gate(args: argparse.Namespace) -> int:
     """`recallq gate RUN --min-score X --corrected`: the run's own gates, with the mean score
     replaced by the lower bound of its corrected 95% interval."""
-    from recallq import gates
-    from recallq.cli.backends import open_backend
-
     if args.min_score is None:
         raise CommandError("--corrected gates the corrected mean: pass --min-score X")
-    backend = open_backend(args)
-    try:
+    with open_backend(args) as backend:
         view = backend.view(args.run_id)
-    finally:
-        backend.close()
-    labels = open_labels(args)
-    try:
-        body = labels.agreement(args.run_id, None, None)
-    finally:
-        labels.close()
+    with open_labels(args) as store:
+        body = store.agreement(args.run_id, None, None)
     corrected = body.get("corrected")
     if not corrected:
         raise CommandError(
@@ -386,29 +372,11 @@ def cmd_rejudge(args: argparse.Namespace) -> int:
     """`recallq rejudge RUN [--model M]`: a new run of the same items with `claims_from` RUN,
     so its judge attributes the run's own claims and extracts none (an item the run left
     without claims is extracted as usual). Local runs are scored here; a service run (--api or
-    RECALLQ_API_URL) is submitted to the API, waited for, and its run object printed."""
-    import json
-    import tempfile
-
-    settings = args.settings
-    url = getattr(args, "api", None) or settings.api_url
-    client = Client(url, settings.api_key) if url else None
-    if client is not None:
-        with client:
-            earlier = client.run(args.run_id)
-            view = earlier.status()
-            items = list(earlier.results())
-    else:
-        from recallq import queries
-
-        backend = LocalLabels(open_local_database(settings), database_label(settings.database_url))
-        try:
-            with backend.database.session() as session:
-                run = backend._run(session, args.run_id)
-                view = {"model": run.model, "scale": run.scale}
-                items = list(queries.iter_results(session, run.id, item_data=True))
-        finally:
-            backend.close()
+    RECALLQ_API_URL) is submitted to the API and waited for; its summary is printed."""
+    with open_backend(args) as backend:
+        view = backend.view(args.run_id)
+        results = b"".join(backend.results(args.run_id, "jsonl", True))
+    items = [json.loads(line) for line in results.splitlines() if line.strip()]
     model = args.model or view["model"]
     name = f"rejudge of {args.run_id} by {model}"
     folder = Path(tempfile.mkdtemp(prefix="recallq-rejudge-"))
@@ -425,7 +393,8 @@ def cmd_rejudge(args: argparse.Namespace) -> int:
                     "context": item["context"],
                 }
                 out.write(json.dumps(record, ensure_ascii=False) + "\n")
-        if client is not None:
+        url = api_url(args, args.settings)
+        if url is not None:
             return _rejudge_remote(args, url, source, model, name, view["scale"])
         return _rejudge_local(args, source, model, name, view["scale"])
     finally:
@@ -436,7 +405,6 @@ def cmd_rejudge(args: argparse.Namespace) -> int:
 def _rejudge_remote(
     args: argparse.Namespace, url: str, source: Path, model: str, name: str, scale: float
 ) -> int:
-    import json
 
     with Client(url, args.settings.api_key) as client:
         run = client.submit(source, model=model, name=name, scale=scale, claims_from=args.run_id)
@@ -450,7 +418,7 @@ def _rejudge_remote(
                 file=sys.stderr,
             )
             return Exit.INTERRUPTED
-    print(json.dumps(view, indent=2, ensure_ascii=False))
+    print_run(view, False)
     print(
         f"recallq: compare the judges with `recallq agreement {run.id} --against {args.run_id}`",
         file=sys.stderr,
@@ -461,8 +429,6 @@ def _rejudge_remote(
 def _rejudge_local(
     args: argparse.Namespace, source: Path, model: str, name: str, scale: float
 ) -> int:
-    from recallq.cli import local_runs
-
     run_args = argparse.Namespace(
         file=source,
         model=model,

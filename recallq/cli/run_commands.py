@@ -17,27 +17,13 @@ from typing import Any
 from recallq import display, gates
 from recallq.cli import local_runs
 from recallq.cli.backends import DEFAULT_API_URL, api_url, nothing_found, open_backend
+from recallq.cli.output import print_json, print_run
 from recallq.cli.reports import write_report
 from recallq.client import ApiError, Client
 from recallq.gates import CommandError, Exit
 from recallq.ingest import SubmissionError
 from recallq.settings import Settings
 from recallq.status import RUN_ACTIVE, RunStatus
-
-
-def _print_json(value: Any) -> None:
-    print(json.dumps(value, indent=2, ensure_ascii=False))
-
-
-def print_run(view: dict[str, Any], as_json: bool, **summary: Any) -> None:
-    """How every command that shows a run shows it: its summary, or with --json the run
-    object."""
-    if as_json:
-        _print_json(view)
-        return
-    for line in display.summary_lines(view, title="recallq status", **summary):
-        print(line)
-
 
 # --- commands --------------------------------------------------------------------------------
 
@@ -101,13 +87,10 @@ def _submitted(client: Client, args: argparse.Namespace, mapping: dict[str, str]
 
 
 def runs(args: argparse.Namespace) -> int:
-    backend = open_backend(args)
-    try:
+    with open_backend(args) as backend:
         views = backend.runs(args.status, args.name, args.limit)
-    finally:
-        backend.close()
     if args.json:
-        _print_json(views)
+        print_json(views)
     elif not views:
         filtered = " ".join(
             f"--{name} {value}"
@@ -122,37 +105,30 @@ def runs(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    backend = open_backend(args)
-    try:
+    with open_backend(args) as backend:
         view = backend.view(args.run_id, args.by)
-    finally:
-        backend.close()
     print_run(view, args.json, by=args.by, groups=view.get("by_group"))
     return Exit.OK
 
 
 def results(args: argparse.Namespace) -> int:
-    backend = open_backend(args)
-    out = args.out.open("wb") if args.out else sys.stdout.buffer
-    try:
-        for chunk in backend.results(args.run_id, args.format, not args.no_item_data):
-            out.write(chunk)
-        out.flush()  # here, where a closed pipe is caught, not at interpreter exit
-    finally:
-        backend.close()
-        if args.out:
-            out.close()
+    with open_backend(args) as backend:
+        out = args.out.open("wb") if args.out else sys.stdout.buffer
+        try:
+            for chunk in backend.results(args.run_id, args.format, not args.no_item_data):
+                out.write(chunk)
+            out.flush()  # here, where a closed pipe is caught, not at interpreter exit
+        finally:
+            if args.out:
+                out.close()
     return Exit.OK
 
 
 def compare(args: argparse.Namespace) -> int:
-    backend = open_backend(args)
-    try:
+    with open_backend(args) as backend:
         result = backend.compare(args.base, args.candidate, args.by)
-    finally:
-        backend.close()
     if args.json:
-        _print_json(result)
+        print_json(result)
     else:
         for line in display.compare_lines(result):
             print(line)
@@ -161,22 +137,16 @@ def compare(args: argparse.Namespace) -> int:
 
 def report(args: argparse.Namespace) -> int:
     """Write a run's self-contained HTML report (with --compare, against that run as base)."""
-    backend = open_backend(args)
-    try:
+    with open_backend(args) as backend:
         path = write_report(backend, args.run_id, args.out, base=args.compare, lowest=args.lowest)
-    finally:
-        backend.close()
     print(f"recallq: report written to {path} (one file; open it in a browser, no server needed)")
     return Exit.OK
 
 
 def gate(args: argparse.Namespace) -> int:
     """Exit 0 when the run passes, 1 (saying which threshold it missed) when it does not."""
-    backend = open_backend(args)
-    try:
+    with open_backend(args) as backend:
         view = backend.view(args.run_id)
-    finally:
-        backend.close()
     thresholds = gates.Gate.of(args)
     code, reasons = gates.exit_code(view, thresholds)
     for reason in reasons:
@@ -187,12 +157,9 @@ def gate(args: argparse.Namespace) -> int:
 
 
 def cancel(args: argparse.Namespace) -> int:
-    backend = open_backend(args)
-    try:
+    with open_backend(args) as backend:
         before = backend.view(args.run_id)["status"]
         view = backend.cancel(args.run_id)
-    finally:
-        backend.close()
     if before == RunStatus.CANCELLED:
         said = f"run {args.run_id} was already cancelled: nothing changed"
     elif before not in RUN_ACTIVE:
@@ -213,7 +180,7 @@ def retry(args: argparse.Namespace) -> int:
     if url is None:
         return local_runs.continue_run(args, settings, "retry")
     with Client(url, settings.api_key) as client:
-        _print_json(client.post(f"/v1/runs/{args.run_id}/retry"))
+        print_json(client.post(f"/v1/runs/{args.run_id}/retry"))
     return Exit.OK
 
 

@@ -89,9 +89,12 @@ def _rejudge(api: str, env: dict[str, str], key: str, run_id: str) -> str:
     cli = {**env, "RECALLQ_API_URL": api, "RECALLQ_API_KEY": key}
     done = recallq(cli, "rejudge", run_id, "--model", "stub-judge", "--quiet", timeout=240)
     assert done.returncode == 0, done.stderr
-    view = json.loads(done.stdout)
+    (run_id_line,) = [line for line in done.stderr.splitlines() if line.startswith("recallq: run ")]
+    new = run_id_line.removeprefix("recallq: run ").strip()
+    assert "recallq status" in done.stdout and new in done.stdout  # the summary, as submit --wait
+    view = httpx.get(f"{api}/v1/runs/{new}", headers=bearer(key)).json()
     assert view["counts"]["succeeded"] == N_ITEMS and view["name"].startswith("rejudge of")
-    return str(view["id"])
+    return new
 
 
 def _against(api: str, key: str, run_id: str, other: str) -> dict[str, Any]:

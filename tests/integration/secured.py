@@ -6,11 +6,14 @@ import json
 import os
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import httpx
 
-from tests.services import REPO
+from tests.services import REPO, start_api, start_worker
 
 
 def secured_env(service_env: dict[str, str], **settings: Any) -> dict[str, str]:
@@ -68,6 +71,33 @@ def submit(
 ) -> httpx.Response:
     headers = {**bearer(key), **(headers or {})}
     return httpx.post(f"{api}/v1/runs", json=body, headers=headers, timeout=60, **kwargs)
+
+
+@contextmanager
+def api_and_worker(env: dict[str, str], concurrency: int = 2) -> Iterator[str]:
+    """A real API and one Celery worker on `env`, stopped afterwards: the API's URL."""
+    process, url = start_api(env)
+    worker = start_worker(env, concurrency=concurrency)
+    try:
+        yield url
+    finally:
+        worker.stop()
+        process.stop()
+
+
+def completed_run(api: str, key: str, body: dict[str, Any], timeout: float = 180) -> dict[str, Any]:
+    """Submit `body` and wait until its run completes with every item scored: the run."""
+    response = submit(api, key, body)
+    assert response.status_code == 202, response.text
+    run_id = str(response.json()["id"])
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run: dict[str, Any] = httpx.get(f"{api}/v1/runs/{run_id}", headers=bearer(key)).json()
+        if run["status"] == "completed":
+            assert run["counts"]["succeeded"] == run["counts"]["total"], run
+            return run
+        time.sleep(0.2)
+    raise TimeoutError(run_id)
 
 
 def error_of(response: httpx.Response) -> tuple[int, str]:

@@ -6,15 +6,22 @@ against itself with the stub's flip modes; another project's run is not a source
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.integration.secured import bearer, error_of, make_key, recallq, secured_env, submit
-from tests.services import start_api, start_worker
+from tests.integration.secured import (
+    api_and_worker,
+    bearer,
+    completed_run,
+    error_of,
+    make_key,
+    recallq,
+    secured_env,
+    submit,
+)
 
 N_ITEMS = 60  # three claims each: 180 claims
 
@@ -48,27 +55,12 @@ def keys(env: dict[str, str]) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def api(env: dict[str, str], keys: dict[str, str]) -> Iterator[str]:
-    process, url = start_api(env)
-    worker = start_worker(env, concurrency=2)
-    yield url
-    worker.stop()
-    process.stop()
-
-
-def _wait(api: str, key: str, run_id: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        run: dict[str, Any] = httpx.get(f"{api}/v1/runs/{run_id}", headers=bearer(key)).json()
-        if run["status"] == "completed":
-            return run
-        time.sleep(0.3)
-    raise TimeoutError(run_id)
+    with api_and_worker(env) as url:
+        yield url
 
 
 def _scored_run(api: str, key: str, tag: str) -> str:
-    response = submit(api, key, {"items": _items(tag), "model": "stub-judge"})
-    assert response.status_code == 202, response.text
-    run = _wait(api, key, response.json()["id"])
+    run = completed_run(api, key, {"items": _items(tag), "model": "stub-judge"})
     assert run["counts"]["succeeded"] == N_ITEMS, run
     return str(run["id"])
 
@@ -159,10 +151,8 @@ def test_claims_from_names_a_run_of_the_same_project_only(
     api: str, keys: dict[str, str], clean_stub: Any
 ) -> None:
     clean_stub.configure(flip_rate=0.0)
-    response = submit(api, keys["other"], {"items": _items("o")[:3], "model": "stub-judge"})
-    assert response.status_code == 202, response.text
-    outsider = response.json()["id"]
-    _wait(api, keys["other"], outsider)
+    body = {"items": _items("o")[:3], "model": "stub-judge"}
+    outsider = completed_run(api, keys["other"], body)["id"]
 
     answers = {}
     for source in (outsider, "00000000-0000-0000-0000-000000000000"):
@@ -193,11 +183,9 @@ def test_an_item_the_source_run_has_no_claims_for_is_extracted_as_usual(
     items[1]["id"] = "doc/new"  # not in the source run
     items[2]["ground_truth"] = "Station x2 reported hail."  # another ground truth
     clean_stub.reset()
-    response = submit(
+    run = completed_run(
         api, keys["write"], {"items": items, "model": "stub-judge", "claims_from": source}
     )
-    assert response.status_code == 202, response.text
-    run = _wait(api, keys["write"], response.json()["id"])
     assert run["counts"]["succeeded"] == 4
     schemas = clean_stub.stats()["by_schema"]
     # the unmatched items are extracted as usual: doc/new's ground truth is in the claim cache

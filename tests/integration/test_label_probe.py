@@ -8,7 +8,6 @@ import csv
 import io
 import json
 import re
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -18,7 +17,9 @@ import httpx
 import pytest
 
 from tests.integration.secured import (
+    api_and_worker,
     bearer,
+    completed_run,
     error_of,
     key_id_of,
     make_key,
@@ -26,7 +27,6 @@ from tests.integration.secured import (
     secured_env,
     submit,
 )
-from tests.services import start_api, start_worker
 
 CSRF = re.compile(r'name="csrf_token" value="([^"]*)"')
 SAME_SITE = {"Origin": "null", "Sec-Fetch-Site": "same-origin"}
@@ -64,25 +64,12 @@ def keys(env: dict[str, str]) -> dict[str, str]:
 def api(env: dict[str, str], keys: dict[str, str]) -> Iterator[str]:
     revoked = recallq(env, "keys", "revoke", key_id_of(env, "probe-revoked"))
     assert revoked.returncode == 0, revoked.stderr
-    process, url = start_api(env)
-    worker = start_worker(env, concurrency=2)
-    yield url
-    worker.stop()
-    process.stop()
+    with api_and_worker(env) as url:
+        yield url
 
 
 def _scored(api: str, key: str, items: list[dict[str, Any]]) -> str:
-    response = submit(api, key, {"items": items, "model": "local/lexical"})
-    assert response.status_code == 202, response.text
-    run_id = str(response.json()["id"])
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        run = httpx.get(f"{api}/v1/runs/{run_id}", headers=bearer(key)).json()
-        if run["status"] == "completed":
-            assert run["counts"]["succeeded"] == len(items), run
-            return run_id
-        time.sleep(0.2)
-    raise TimeoutError(run_id)
+    return str(completed_run(api, key, {"items": items, "model": "local/lexical"})["id"])
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import io
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -13,15 +12,15 @@ import httpx
 import pytest
 
 from tests.integration.secured import (
+    api_and_worker,
     bearer,
+    completed_run,
     error_of,
     key_id_of,
     make_key,
     recallq,
     secured_env,
-    submit,
 )
-from tests.services import start_api, start_worker
 
 FACTS = [
     ("Paris is the capital of France.", "Paris is the capital of France."),
@@ -58,25 +57,12 @@ def keys(env: dict[str, str]) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def api(env: dict[str, str], keys: dict[str, str]) -> Iterator[str]:
-    process, url = start_api(env)
-    worker = start_worker(env, concurrency=2)
-    yield url
-    worker.stop()
-    process.stop()
+    with api_and_worker(env) as url:
+        yield url
 
 
 def _scored_run(api: str, key: str, n: int = 12) -> str:
-    response = submit(api, key, {"items": _items(n), "model": "local/lexical"})
-    assert response.status_code == 202, response.text
-    run_id = str(response.json()["id"])
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        run = httpx.get(f"{api}/v1/runs/{run_id}", headers=bearer(key)).json()
-        if run["status"] == "completed":
-            assert run["counts"]["succeeded"] == n, run
-            return run_id
-        time.sleep(0.2)
-    raise TimeoutError(run_id)
+    return str(completed_run(api, key, {"items": _items(n), "model": "local/lexical"})["id"])
 
 
 @pytest.fixture(scope="module")

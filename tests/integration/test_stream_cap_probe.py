@@ -12,8 +12,14 @@ from urllib.parse import urlparse
 import httpx
 import pytest
 
-from tests.integration.secured import bearer, error_of, make_key, secured_env, submit
-from tests.services import start_api, start_worker
+from tests.integration.secured import (
+    api_and_worker,
+    bearer,
+    completed_run,
+    error_of,
+    make_key,
+    secured_env,
+)
 
 STALL_SECONDS = 30  # long enough for a loaded machine to check the cap meanwhile
 
@@ -39,11 +45,8 @@ def keys(env: dict[str, str]) -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def api(env: dict[str, str], keys: dict[str, str]) -> Iterator[str]:
-    process, url = start_api(env)
-    worker = start_worker(env, concurrency=2)
-    yield url
-    worker.stop()
-    process.stop()
+    with api_and_worker(env) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -54,16 +57,7 @@ def run(api: str, keys: dict[str, str]) -> str:
         {"id": f"s{i}", "ground_truth": f"Fact {i} holds.", "context": [f"Fact {i} holds.", filler]}
         for i in range(200)
     ]
-    response = submit(api, keys["writer"], {"items": items, "model": "local/lexical"})
-    assert response.status_code == 202, response.text
-    run_id = str(response.json()["id"])
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        status = httpx.get(f"{api}/v1/runs/{run_id}", headers=bearer(keys["writer"])).json()
-        if status["status"] == "completed":
-            return run_id
-        time.sleep(0.3)
-    raise TimeoutError(run_id)
+    return str(completed_run(api, keys["writer"], {"items": items, "model": "local/lexical"})["id"])
 
 
 def _stalled_reader(api: str, key: str, run: str) -> socket.socket:

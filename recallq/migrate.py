@@ -40,6 +40,24 @@ def current_revision(url: str) -> str | None:
         engine.dispose()
 
 
+def schema_problem(url: str) -> str | None:
+    """Why this recallq cannot serve the database's schema, or None: it has no recallq schema
+    yet, or an older revision than this recallq's (`recallq migrate` mends both). A revision
+    this recallq does not know is let be: a newer recallq migrated it, as a rolling upgrade
+    does before it replaces the processes."""
+    from alembic.script import ScriptDirectory
+
+    scripts = ScriptDirectory.from_config(alembic_config())
+    head = scripts.get_current_head()
+    current = current_revision(url)
+    if current is None:
+        return f"the database has no recallq schema (this recallq needs revision {head})"
+    known = {script.revision for script in scripts.walk_revisions()}
+    if current != head and current in known:
+        return f"the database's schema is at revision {current}, this recallq needs {head}"
+    return None
+
+
 def upgrade_and_say(url: str) -> str:
     """Upgrade to head, and say what happened: created, upgraded, or already up to date."""
     before = current_revision(url)

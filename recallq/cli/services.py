@@ -24,8 +24,25 @@ def _check_free(host: str, port: int) -> None:
             ) from None
 
 
+def _check_schema(url: str) -> None:
+    """One line (exit 2) when the database's schema is missing or older than this recallq's,
+    instead of a 500 for every request (the API) or a traceback every few seconds (a worker).
+    A database not reachable now is left to the process, which retries it as it runs."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from recallq import migrate as migrations  # here: alembic is for these commands only
+
+    try:
+        problem = migrations.schema_problem(url)
+    except SQLAlchemyError:
+        return
+    if problem is not None:
+        raise CommandError(f"{problem} ({database_label(url)}): run `recallq migrate` first")
+
+
 def api(args: argparse.Namespace) -> int:
     _check_free(args.host, args.port)
+    _check_schema(args.settings.database_url)
     import uvicorn  # here: only this command needs the server
 
     uvicorn.run(
@@ -48,6 +65,7 @@ def worker(args: argparse.Namespace) -> int:
     from worker import celery_app
 
     settings = args.settings
+    _check_schema(settings.database_url)
     concurrency = args.concurrency or settings.worker_concurrency
     address = (args.metrics_host, args.metrics_port) if args.metrics_port else None
     celery_app.start(settings, address).worker_main(

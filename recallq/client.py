@@ -13,7 +13,6 @@ when a key is given (by default RECALLQ_API_KEY).
 from __future__ import annotations
 
 import json
-import math
 import sys
 import time
 from collections.abc import Iterator
@@ -230,42 +229,6 @@ class Client:
         return f"Client({self.api_url!r})"
 
 
-class ProgressLine:
-    """A line that says how far a run is. A terminal or a notebook redraws it in place (a
-    carriage return, padded over the previous line: no terminal escapes, which notebooks show
-    raw); a file or a pipe (a CI log) gets a line of its own when it changed, at most every
-    `every` seconds, and the last one."""
-
-    def __init__(self, out: IO[str], every: float = 10.0) -> None:
-        self.out = out
-        self.every = every
-        self.redraw = _redraws(out)
-        self.shown = ""
-        self.at = -math.inf
-
-    def show(self, line: str, last: bool = False) -> None:
-        if self.redraw:
-            print(
-                f"\r{line:<{len(self.shown)}}", end="\n" if last else "", file=self.out, flush=True
-            )
-        elif line != self.shown and (last or time.monotonic() - self.at >= self.every):
-            print(line, file=self.out, flush=True)
-            self.at = time.monotonic()
-        else:
-            return
-        self.shown = line
-
-
-def _redraws(out: IO[str]) -> bool:
-    """Whether `out` shows a carriage return as a redraw: a terminal, or a notebook's stream."""
-    try:
-        if out.isatty():
-            return True
-    except (AttributeError, ValueError):  # no isatty, or a closed stream
-        return False
-    return type(out).__module__.startswith("ipykernel")
-
-
 class Run:
     """A run on the service. `view` is the run object as last fetched."""
 
@@ -287,7 +250,7 @@ class Run:
     ) -> dict[str, Any]:
         """Poll until the run has ended (completed or cancelled); returns its run object. With
         `progress`, a line on stderr says how far it is (and when it is paused, why)."""
-        shown = ProgressLine(stream or sys.stderr) if progress else None
+        shown = display.ProgressLine(stream or sys.stderr) if progress else None
         deadline = None if timeout is None else time.monotonic() + timeout
         while True:
             view = self.status()

@@ -4,10 +4,12 @@ terminal is what a script reads in `--json`."""
 
 from __future__ import annotations
 
+import math
+import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from recallq.gates import number
 from recallq.judge_models import LEXICAL
@@ -59,6 +61,42 @@ def paused(view: dict[str, Any], now: datetime | None = None) -> str | None:
         seconds = max(0, round((due - (now or datetime.now(UTC))).total_seconds()))
         text += f", next try in {seconds} s"
     return text
+
+
+class ProgressLine:
+    """A line that says how far a run is. A terminal or a notebook redraws it in place (a
+    carriage return, padded over the previous line: no terminal escapes, which notebooks show
+    raw); a file or a pipe (a CI log) gets a line of its own when it changed, at most every
+    `every` seconds, and the last one."""
+
+    def __init__(self, out: IO[str], every: float = 10.0) -> None:
+        self.out = out
+        self.every = every
+        self.redraw = redraws(out)
+        self.shown = ""
+        self.at = -math.inf
+
+    def show(self, line: str, last: bool = False) -> None:
+        if self.redraw:
+            print(
+                f"\r{line:<{len(self.shown)}}", end="\n" if last else "", file=self.out, flush=True
+            )
+        elif line != self.shown and (last or time.monotonic() - self.at >= self.every):
+            print(line, file=self.out, flush=True)
+            self.at = time.monotonic()
+        else:
+            return
+        self.shown = line
+
+
+def redraws(out: IO[str]) -> bool:
+    """Whether `out` shows a carriage return as a redraw: a terminal, or a notebook's stream."""
+    try:
+        if out.isatty():
+            return True
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+    return type(out).__module__.startswith("ipykernel")
 
 
 def progress_line(view: dict[str, Any], now: datetime | None = None) -> str:

@@ -325,7 +325,16 @@ def process(
     from tqdm import tqdm
 
     view = run_view(runtime, run_id, details=False)
-    bar = tqdm(total=view["counts"]["total"], unit="item", disable=not progress, file=sys.stderr)
+    # a bar redrawn in place on a terminal; in a log file a line now and then (display.ProgressLine)
+    lines = (
+        display.ProgressLine(sys.stderr) if progress and not display.redraws(sys.stderr) else None
+    )
+    bar = tqdm(
+        total=view["counts"]["total"],
+        unit="item",
+        disable=not progress or lines is not None,
+        file=sys.stderr,
+    )
     runner.send_dispatch(run_id)
     pause = 0.05  # small runs end fast; a long one is polled less often (each poll is a scan)
     try:
@@ -339,7 +348,10 @@ def process(
             bar.set_postfix(failed=counts[PublicItemStatus.FAILED], refresh=False)
             bar.set_description_str(display.paused(view) or "", refresh=False)
             bar.refresh()
-            if view["status"] in RUN_ENDED:
+            ended = view["status"] in RUN_ENDED
+            if lines is not None:
+                lines.show(display.progress_line(view), last=ended)
+            if ended:
                 break
             if idle:  # nothing in flight, yet the run has not ended: say so, do not hang
                 log.error("run %s stopped with items unended: %s", run_id, counts)

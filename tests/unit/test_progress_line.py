@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 
-from recallq.client import ProgressLine
+from recallq.display import ProgressLine
 
 
 class Terminal(io.StringIO):

@@ -188,8 +188,10 @@ async def label_post(request: Request, run_id: str) -> Response:
 async def sample_post(request: Request, run_id: str) -> Response:
     form, who = await _writer_form(request, run_id)
     size, seed = form.get("size", ""), form.get("seed", "0") or "0"
-    if not _whole(size, 6) or not _whole(seed, 18):
-        raise _bad_request(f"the sample size must be 1 to {labels.MAX_SAMPLE}, the seed 0 or more")
+    if not _whole(size, 6) or not _whole(seed, 16) or int(seed) > labels.MAX_SEED:
+        raise _bad_request(
+            f"the sample size must be 1 to {labels.MAX_SAMPLE}, the seed 0 to {labels.MAX_SEED}"
+        )
     runtime = _runtime(request)
 
     def draw() -> str:

@@ -53,7 +53,9 @@ class LabelBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     verdict: Literal["yes", "no"] = Field(description="does the context support the claim?")
-    note: str | None = Field(None, max_length=labels.MAX_NOTE_CHARS)
+    note: str | None = Field(
+        None, max_length=labels.MAX_NOTE_CHARS, json_schema_extra=schemas.NO_NUL
+    )
 
 
 class Label(schemas._Open):
@@ -83,7 +85,7 @@ class SampleBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     size: int = Field(ge=1, le=labels.MAX_SAMPLE, description="items to draw")
-    seed: int = Field(0, ge=0, le=2**62)
+    seed: int = Field(0, ge=0, le=labels.MAX_SEED)
 
 
 class Sample(BaseModel):
@@ -364,7 +366,11 @@ def get_agreement(
     by: MetadataField = None,
     against: Annotated[
         str | None,
-        Query(max_length=200, description="another run of the same claims: judge vs judge"),
+        Query(
+            max_length=200,
+            description="another run of the same claims: judge vs judge",
+            json_schema_extra=schemas.NO_NUL,
+        ),
         AfterValidator(lambda v: v if v is None else _plausible(v)),
     ] = None,
 ) -> JSONResponse:

@@ -251,7 +251,7 @@ MetadataField = Annotated[
     Query(
         max_length=200,
         description="a metadata field: results per its value",
-        json_schema_extra={"pattern": "^[^\\u0000]*$"},  # no NUL (checked below)
+        json_schema_extra=schemas.NO_NUL,
     ),
     AfterValidator(_plain_text),
 ]

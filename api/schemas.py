@@ -262,6 +262,8 @@ _AGENT_OUTPUT = {
         "properties": {"role": {"type": "string"}},
     },
 }
+#: what the served schema says of text the server refuses with a NUL in it (checked there)
+NO_NUL: dict[str, Any] = {"pattern": "^[^\\u0000]*$"}
 _NON_BLANK = {"type": "string", "pattern": r"\S"}
 #: A run is refused (422 no_context) when no item can resolve a context; the served schema
 #: says which bodies can: an item with its own context, a static context with a passage, or

@@ -35,6 +35,7 @@ from recallq.tables import Claim, ClaimLabel, Item, LabelSample, Run, utcnow
 VERDICTS = ("yes", "no")
 MAX_NOTE_CHARS = 2_000
 MAX_SAMPLE = 10_000  # items in one labelling sample (each is a stored id)
+MAX_SEED = 2**53 - 1  # a sample's seed: exact in any JSON client, a float's too (FastAPI's schema)
 MAX_IMPORT_BYTES = 10 * 1024 * 1024
 MAX_IMPORT_ROWS = 100_000
 MAX_PROBLEMS = 200  # problems listed in an import's answer (all are counted)
@@ -415,6 +416,8 @@ def draw_sample(session: Session, run: Run, size: int, seed: int, who: str | Non
     draw (a new one replaces it). Returns their ids in the order drawn."""
     if not 1 <= size <= MAX_SAMPLE:
         raise LabelError(f"a sample has 1 to {MAX_SAMPLE} items")
+    if not 0 <= seed <= MAX_SEED:
+        raise LabelError(f"a sample's seed is 0 to {MAX_SEED}")
     keys = list(
         session.scalars(
             select(Item.key)

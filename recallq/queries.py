@@ -24,9 +24,11 @@ from sqlalchemy import (
     and_,
     case,
     cast,
+    false,
     func,
     or_,
     select,
+    true,
 )
 from sqlalchemy import text as sql
 from sqlalchemy.orm import Session, aliased, defer
@@ -58,12 +60,25 @@ _COUNT = "count_"
 _HISTOGRAM = "histogram_"
 
 
-def _aggregate_columns(scale: Any, details: bool) -> list[ColumnElement[Any]]:
+def _aggregate_columns(
+    scale: Any, details: bool, no_static_context: ColumnElement[bool] | None = None
+) -> list[ColumnElement[Any]]:
     """Counts, summary, usage and (with `details`) the score histogram of a run: one scan of
     its items (a 100k-item run is read by every status poll), each column labelled with the
-    name RunAggregates reads it by. `scale` is the run's scale, or the runs.scale column when
-    several runs are read at once."""
+    name RunAggregates reads it by. `scale` is the run's scale, and `no_static_context`
+    whether the run has no static context, or the runs' columns when several runs are read
+    at once."""
     ok = Item.status == ItemStatus.SUCCEEDED
+    own_contexts = cast(Item.contexts, Text)
+    # an item scored against no passage (recallq.pipeline's no-context rule): its resolved
+    # context is empty, its own ([]) or, when it has none (JSON null), the run's static one
+    no_context = or_(
+        own_contexts == "[]",
+        and_(
+            or_(Item.contexts.is_(None), own_contexts == "null"),
+            false() if no_static_context is None else no_static_context,
+        ),
+    )
 
     def total(column: Any, zero: Any = 0) -> ColumnElement[Any]:
         return func.coalesce(func.sum(column), zero)
@@ -77,11 +92,7 @@ def _aggregate_columns(scale: Any, details: bool) -> list[ColumnElement[Any]]:
         func.count(Item.score).filter(ok).label("scored"),
         func.avg(Item.score * Item.score).filter(ok).label("mean_square"),
         func.count().filter(ok, Item.ground_truth.is_(None)).label("no_ground_truth"),
-        # an item scored against no passage (recallq.pipeline's no-context rule): its own
-        # resolved context is an empty list; None means the run's static context
-        func.count()
-        .filter(ok, Item.ground_truth.is_not(None), cast(Item.contexts, Text) == "[]")
-        .label("no_context"),
+        func.count().filter(ok, Item.ground_truth.is_not(None), no_context).label("no_context"),
         total(Item.claims_total).label("claims_total"),
         total(Item.claims_attributed).label("claims_attributed"),
         total(Item.llm_calls).label("llm_calls"),
@@ -224,13 +235,21 @@ class RunAggregates:
             raise kept.Misshapen(f"not a run view's aggregates: {problem}") from problem
 
 
+def _no_static_context() -> ColumnElement[bool]:
+    """Whether a run (the runs row of the statement) has no static context."""
+    return or_(Run.context.is_(None), cast(Run.context, Text).in_(["null", "[]"]))
+
+
 #: The shape of a kept run view: the aggregate columns' names and the fields that hold them,
-#: so adding a column, a field or a status gives kept views a new shape (computed again).
+#: so adding a column, a field or a status gives kept views a new shape (computed again); the
+#: rules' version is bumped when a column counts differently (2: no_context counts items
+#: without a context of their own in a run without a static one).
 RUN_VIEW_SHAPE = kept.shape(
     "run",
     [str(column.key) for column in _aggregate_columns(1.0, details=True)],
     [f.name for f in dataclasses.fields(RunAggregates)],
     [f.name for f in dataclasses.fields(Usage)],
+    ["rules", 2],
 )
 _RUN_VIEW = kept.Kind("run", RUN_VIEW_SHAPE, RunAggregates.body, RunAggregates.of_body)
 #: Kept comparisons and group summaries: their bodies are the answers' JSON, whose shape is
@@ -316,7 +335,9 @@ def run_view(session: Session, run: Run, details: bool = True) -> dict[str, Any]
 
     def aggregate() -> RunAggregates:
         row = session.execute(
-            select(*_aggregate_columns(run.scale, details)).where(Item.run_id == run.id)
+            select(
+                *_aggregate_columns(run.scale, details, false() if run.context else true())
+            ).where(Item.run_id == run.id)
         ).one()
         return _aggregates(session, run, row._mapping, details)
 
@@ -335,7 +356,10 @@ def run_views(session: Session, runs: Sequence[Run]) -> list[dict[str, Any]]:
     computing = [run for run in runs if run.id not in aggregates]
     if computing:
         rows = session.execute(
-            select(Item.run_id.label("run_id"), *_aggregate_columns(Run.scale, details=True))
+            select(
+                Item.run_id.label("run_id"),
+                *_aggregate_columns(Run.scale, True, _no_static_context()),
+            )
             .join(Run, Run.id == Item.run_id)
             .where(Item.run_id.in_([run.id for run in computing]))
             .group_by(Item.run_id)

@@ -90,8 +90,14 @@ def _add_api(parser: argparse.ArgumentParser) -> None:
 
 
 def _seed(text: str) -> int:
-    if not (text.isascii() and text.isdigit()) or len(text) > 18:
-        raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more: {text!r}")
+    digits = len(str(labels.MAX_SEED))
+    if (
+        not (text.isascii() and text.isdigit() and len(text) <= digits)
+        or int(text) > labels.MAX_SEED
+    ):
+        raise argparse.ArgumentTypeError(
+            f"must be a whole number from 0 to {labels.MAX_SEED}: {text!r}"
+        )
     return int(text)
 
 

@@ -193,6 +193,32 @@ def test_no_context_is_counted_apart(api: str, score) -> None:
     assert summary["scored_items"] == 3
 
 
+def test_an_item_without_a_context_of_its_own_is_no_context_unless_the_run_has_one(
+    api: str, score
+) -> None:
+    """A dropped context field (missing or null) is the pipeline bug no_context is there to
+    catch: counted when the run has no static context, and not when the item takes the run's."""
+    items: list[dict[str, Any]] = [
+        {"id": "missing", "ground_truth": "Cats purr."},
+        {"id": "null", "ground_truth": "Cats purr.", "context": None},
+        {"id": "blank", "ground_truth": "Cats purr.", "context": [""]},
+        {"id": "fine", "ground_truth": "Cats purr.", "context": ["Cats purr."]},
+    ]
+    alone = _submit(api, items)["id"]
+    score(alone)
+    view = httpx.get(f"{api}/v1/runs/{alone}").json()
+    assert view["summary"]["no_context"] == 3, view["summary"]
+    assert view["summary"]["mean_score"] == 0.25
+    shared = httpx.post(f"{api}/v1/runs", json={"items": items, "context": ["Cats purr."]})
+    assert shared.status_code == 202, shared.text
+    score(shared.json()["id"])
+    summary = httpx.get(f"{api}/v1/runs/{shared.json()['id']}").json()["summary"]
+    assert summary["no_context"] == 1 and summary["mean_score"] == 0.75, summary  # blank only
+    listed = httpx.get(f"{api}/v1/runs", params={"limit": 100}).json()["runs"]
+    by_id = {run["id"]: run["summary"]["no_context"] for run in listed}
+    assert by_id[alone] == 3 and by_id[shared.json()["id"]] == 1  # the grouped read too
+
+
 def test_runs_newest_first_paged_and_filtered(api: str) -> None:
     name = f"paging-{time.time_ns()}"
     made = [_submit(api, [{"id": "a", "context": ["c"]}], name=name)["id"] for _ in range(5)]

@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
+from recallq import labels
 from tests.integration.secured import (
     api_and_worker,
     bearer,
@@ -219,6 +220,12 @@ def test_a_drawn_sample_gets_a_corrected_mean_and_hand_picked_labels_do_not(
         f"{api}/v1/runs/{run}/labels/sample", json={"size": 6, "seed": 3}, headers=write
     )
     assert again.json()["item_ids"] == sample  # seeded
+    too_big = httpx.post(
+        f"{api}/v1/runs/{run}/labels/sample",
+        json={"size": 6, "seed": labels.MAX_SEED + 1},
+        headers=write,
+    )
+    assert error_of(too_big) == (422, "invalid_request"), too_big.text
     sheet = httpx.get(f"{api}/v1/runs/{run}/labels/sample?format=csv", headers=read)
     reader = csv.DictReader(io.StringIO(sheet.text))
     assert reader.fieldnames == [

@@ -18,6 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
+from recallq import labels
 from tests.integration.secured import bearer, make_key, secured_env
 from tests.services import REPO, Process, start_api
 
@@ -68,6 +69,20 @@ def test_the_submission_body_is_described_as_json_and_ndjson(spec: dict[str, Any
     assert {"budget_usd", "budget_tokens", "context_extractor"} <= set(submission["properties"])
     responses = spec["paths"]["/v1/runs"]["post"]["responses"]
     assert set(responses) >= {"200", "202", "400", "401", "403", "408", "413", "415", "422", "429"}
+
+
+def test_the_schema_states_the_bounds_the_server_checks(spec: dict[str, Any]) -> None:
+    """Bounds schemathesis' positive_data_acceptance found the schema leaving out: a seed of
+    2**62 (FastAPI serves bounds as floats: a seed past it was generated as valid, and
+    refused), and NUL in a note or a run id."""
+    sample = spec["components"]["schemas"]["SampleBody"]["properties"]["seed"]
+    assert sample["maximum"] == labels.MAX_SEED == 2**53 - 1  # a float holds the next int too
+    no_nul = "^[^\\u0000]*$"
+    note = spec["components"]["schemas"]["LabelBody"]["properties"]["note"]
+    assert note["pattern"] == no_nul  # beside anyOf: a string must match it, null need not
+    parameters = spec["paths"]["/v1/runs/{run_id}/agreement"]["get"]["parameters"]
+    (against,) = [p for p in parameters if p["name"] == "against"]
+    assert against["schema"]["pattern"] == no_nul
 
 
 def test_every_error_response_has_the_error_shape(spec: dict[str, Any]) -> None:

@@ -196,7 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     results.add_argument("run_id")
     _add_api(results)
     results.add_argument("--format", choices=["jsonl", "csv", "claims.csv"], default="jsonl")
-    results.add_argument("--out", type=Path, help="file to write (default: stdout)")
+    results.add_argument("--out", type=Path, help="file to write (default, or -: stdout)")
     results.add_argument(
         "--no-item-data",
         action="store_true",

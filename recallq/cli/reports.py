@@ -8,6 +8,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from recallq.cli.backends import Backend
+from recallq.cli.output import output_file
 from recallq.gates import CommandError
 
 REPORT_LOWEST = 25
@@ -41,9 +42,8 @@ def write_report(
         ]
     agreement = backend.agreement(run_id)
     page = html_report.render(view, items, comparison, pairs, agreement=agreement)
-    partial = target.with_name(target.name + ".partial")
-    partial.write_text(page, encoding="utf-8")
-    partial.replace(target)
+    with output_file(target) as written:
+        written.write(page.encode("utf-8"))
     return target
 
 

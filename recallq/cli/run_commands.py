@@ -17,7 +17,7 @@ from typing import Any
 from recallq import display, gates
 from recallq.cli import local_runs
 from recallq.cli.backends import DEFAULT_API_URL, api_url, nothing_found, open_backend
-from recallq.cli.output import print_json, print_run
+from recallq.cli.output import output_file, print_json, print_run
 from recallq.cli.reports import write_report
 from recallq.client import ApiError, Client
 from recallq.gates import CommandError, Exit
@@ -112,15 +112,10 @@ def status(args: argparse.Namespace) -> int:
 
 
 def results(args: argparse.Namespace) -> int:
-    with open_backend(args) as backend:
-        out = args.out.open("wb") if args.out else sys.stdout.buffer
-        try:
-            for chunk in backend.results(args.run_id, args.format, not args.no_item_data):
-                out.write(chunk)
-            out.flush()  # here, where a closed pipe is caught, not at interpreter exit
-        finally:
-            if args.out:
-                out.close()
+    with open_backend(args) as backend, output_file(args.out) as out:
+        for chunk in backend.results(args.run_id, args.format, not args.no_item_data):
+            out.write(chunk)
+        out.flush()  # here, where a closed pipe is caught, not at interpreter exit
     return Exit.OK
 
 

@@ -526,6 +526,14 @@ def test_runs_status_results_compare_and_gate_on_the_local_database(tmp_path: Pa
     assert "input" not in json.loads(lean[0]) and "metadata" not in json.loads(lean[0])
     full = json.loads(recallq("results", base, cwd=tmp_path).stdout.splitlines()[0])
     assert full["metadata"] == {"tier": 0} and full["ground_truth"].startswith("Product 0")
+    kept = tmp_path / "kept.jsonl"
+    kept.write_text("yesterday's results\n")
+    typo = recallq("results", "no-such-run", "--out", str(kept), cwd=tmp_path)
+    assert typo.returncode == 2 and kept.read_text() == "yesterday's results\n"  # untouched
+    assert recallq("results", base, "--out", str(kept), cwd=tmp_path).returncode == 0
+    assert len(kept.read_text().splitlines()) == 40 and not list(tmp_path.glob("*.partial"))
+    dashed = recallq("results", base, "--out", "-", cwd=tmp_path)
+    assert len(dashed.stdout.splitlines()) == 40 and not (tmp_path / "-").exists()
 
     assert recallq("gate", candidate, "--min-score", "0.7", cwd=tmp_path).returncode == 0
     missed = recallq("gate", base, "--min-score", "0.7", cwd=tmp_path)

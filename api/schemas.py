@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from recallq import scoring
+from recallq import ingest, scoring
 from recallq.context import AGENT_INPUT_KEYS
 from recallq.status import PublicItemStatus, RunStatus
 
@@ -321,7 +321,7 @@ class RunSubmission(BaseModel):
     )
     context: list[Any] | str | None = Field(None, description="static context for every item")
     context_extractor: ToolResultsExtractor | JmespathExtractor | None = None
-    retry_deadline_s: float | None = Field(None, gt=0, le=30 * 86400)
+    retry_deadline_s: float | None = Field(None, gt=0, le=ingest.MAX_RETRY_DEADLINE)
     budget_usd: float | None = Field(None, gt=0, le=1_000_000)
     budget_tokens: int | None = Field(None, gt=0, le=10**12)
     claims_from: str | None = Field(

@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
             "context": args.context,
             "context_extractor": args.context_extractor,
             "claims_from": getattr(args, "claims_from", None),
+            "retry_deadline_s": getattr(args, "retry_deadline", None),
         }
         spec = runs.RunService(runtime, local=True).spec(fields, local.PROJECT)
         migrate.upgrade(settings.database_url)

@@ -79,6 +79,13 @@ def _add_run_fields(parser: argparse.ArgumentParser) -> None:
         help="read FIELD as TARGET (an item field, metadata[.NAME], or - to drop it); "
         "repeat or separate with commas",
     )
+    parser.add_argument(
+        "--retry-deadline",
+        type=float,
+        metavar="SECONDS",
+        help="how long an item may wait out a provider that does not answer before it fails "
+        "(default RECALLQ_RETRY_DEADLINE, 6 h)",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 

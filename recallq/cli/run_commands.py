@@ -83,6 +83,7 @@ def _submitted(client: Client, args: argparse.Namespace, mapping: dict[str, str]
         progress=not args.quiet,
         mode="batch" if args.batch else None,
         claims_from=args.claims_from,
+        retry_deadline_s=args.retry_deadline,
     )
 
 

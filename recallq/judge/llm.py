@@ -35,7 +35,9 @@ from recallq.usage import Usage
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
 
+import httpx
 import litellm  # after the variable above
+import openai
 
 _TRANSIENT = (
     litellm.RateLimitError,
@@ -71,10 +73,26 @@ def _reason(exc: Exception) -> str:
         return "rate limited (429)"
     if isinstance(exc, litellm.Timeout):
         return "timeouts"
-    if isinstance(exc, litellm.APIConnectionError):
+    causes = _causes(exc)
+    if any(isinstance(cause, ConnectionRefusedError) for cause in causes):
+        # litellm reports a refused connection as a 500: it is nothing listening at api_base
+        return "connection refused (is the model's api_base right?)"
+    if isinstance(exc, litellm.APIConnectionError) or any(
+        isinstance(cause, httpx.ConnectError | openai.APIConnectionError) for cause in causes
+    ):
         return "connection errors"
     status = getattr(exc, "status_code", None)
     return f"provider unavailable ({status})" if status else "provider unavailable"
+
+
+def _causes(exc: BaseException, depth: int = 10) -> list[BaseException]:
+    """What `exc` was raised from (litellm wraps the HTTP client's error in its own)."""
+    found: list[BaseException] = []
+    cause = exc.__cause__ or exc.__context__
+    while cause is not None and len(found) < depth:
+        found.append(cause)
+        cause = cause.__cause__ or cause.__context__
+    return found
 
 
 #: litellm params that price a model litellm's own price map does not know

@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 
 from tests.integration.test_pipeline import ITEMS
-from tests.services import REPO, write_models_file
+from tests.services import REPO, free_port, write_models_file
 
 
 def recallq_run(args: list[str], cwd: Path, env: dict[str, str] | None = None):
@@ -148,3 +148,30 @@ def test_an_empty_file_and_a_csv_of_unknown_columns_are_one_line_naming_the_file
         ["odd.csv", "--map", "gold=ground_truth", "--map", "passages=context"], tmp_path
     )
     assert mapped.returncode == 0, mapped.stderr
+
+
+def test_a_judge_nothing_listens_for_says_so_and_gives_up_at_the_retry_deadline(
+    tmp_path: Path,
+) -> None:
+    """A typo in api_base is a refused connection, which litellm reports as a 500: the run
+    says "connection refused" and, with --retry-deadline, ends instead of waiting 6 hours."""
+    nothing_there = f"http://127.0.0.1:{free_port()}/v1"
+    env = {
+        **os.environ,
+        "RECALLQ_DATABASE_URL": f"sqlite:///{tmp_path / 'local.db'}",
+        "RECALLQ_MODELS_FILE": str(write_models_file(tmp_path, nothing_there)),
+        "STUB_API_KEY": "sk-anything",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
+    data = tmp_path / "two.jsonl"
+    data.write_text("".join(json.dumps(i) + "\n" for i in ITEMS[:2]))
+    done = recallq_run(
+        [str(data), "--model", "stub-judge", "--retry-deadline", "3", "--quiet"], tmp_path, env
+    )
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "2 x gave up after the run's retry deadline (3 s) passed: connection refused" in (
+        done.stdout
+    )
+    assert "provider unavailable (500)" not in done.stdout + done.stderr
+    refused = recallq_run([str(data), "--retry-deadline", "0", "--fresh"], tmp_path, env)
+    assert refused.returncode == 2 and "retry_deadline_s must be more than 0" in refused.stderr

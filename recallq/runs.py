@@ -35,7 +35,7 @@ from recallq.groups import UnknownField
 from recallq.judge_models import ModelConfig
 from recallq.runtime import Runtime
 from recallq.settings import Settings
-from recallq.status import RunStatus
+from recallq.status import RUN_ACTIVE, RunStatus
 from recallq.store import (
     RunActiveError,
     RunBudgetSpentError,
@@ -334,9 +334,9 @@ class RunService:
         and which ("cancelled" or "unended")."""
         self._require(run_id)
         status = self.view(run_id, project, details=False)["status"]
-        if status == RunStatus.CANCELLED:
-            return self.resume(run_id, project), "cancelled"
-        return self.runtime.runs.resume(run_id, project), "unended"
+        if status in RUN_ACTIVE:
+            return self.runtime.runs.resume(run_id, project), "unended"
+        return self.resume(run_id, project), "cancelled"  # a completed run: the service's 409
 
     def delete(self, run_id: str, project: str) -> None:
         """Remove an ended run with its items and claims."""

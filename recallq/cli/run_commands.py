@@ -176,7 +176,12 @@ def retry(args: argparse.Namespace) -> int:
     if url is None:
         return local_runs.continue_run(args, settings, "retry")
     with Client(url, settings.api_key) as client:
-        print_json(client.post(f"/v1/runs/{args.run_id}/retry"))
+        view = client.post(f"/v1/runs/{args.run_id}/retry")
+    print(
+        f"recallq: retry run {args.run_id}: {view['retried_items']} failed items queued again",
+        file=sys.stderr,
+    )
+    print_run(view, False)
     return Exit.OK
 
 

@@ -62,7 +62,12 @@ def test_submit_wait_status_and_results(api_url: str, tmp_path: Path) -> None:
     assert len(rows) == 24 and {r["status"] for r in rows} == {"succeeded"}
 
     retried = recallq("retry", run_id, api=api_url)
-    assert json.loads(retried.stdout)["retried_items"] == 0
+    assert f"retry run {run_id}: 0 failed items queued again" in retried.stderr
+    assert "status             completed" in retried.stdout  # the summary, as status prints
+    resumed = recallq("resume", run_id, api=api_url)
+    assert resumed.returncode == 2 and f"run {run_id} is completed: only a cancelled run" in (
+        resumed.stderr
+    )
     cancelled = recallq("cancel", run_id, api=api_url)
     assert cancelled.returncode == 0, cancelled.stderr
     assert f"run {run_id} had already ended (completed): nothing to cancel" in cancelled.stderr

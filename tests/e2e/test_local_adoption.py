@@ -8,7 +8,6 @@ import csv
 import io
 import json
 import os
-import re
 import signal
 import sqlite3
 import subprocess
@@ -202,9 +201,13 @@ def test_failed_items_and_gates_set_the_exit_code(tmp_path: Path, stub_env, clea
     assert [c["data"]["ground_truth"] for c in clean_stub.calls()[before:]] == [
         "STUB_HTTP_400 breaks it."
     ]
+    # a completed run has nothing to resume: the service's answer (409 run_not_cancelled)
     resumed = recallq("resume", run_id, "--quiet", cwd=tmp_path, env=stub_env)
-    assert resumed.returncode == 1
-    assert re.search(rf"resume run {run_id}: 0 of \d+ items still to score", resumed.stderr)
+    assert resumed.returncode == 2, resumed.stderr
+    assert resumed.stderr.strip() == (
+        f"recallq: run {run_id} is completed: only a cancelled run resumes; `retry` re-queues "
+        "failed items"
+    )
 
 
 def test_min_score_gate_of_run_names_the_threshold(tmp_path: Path) -> None:

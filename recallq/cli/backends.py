@@ -151,8 +151,27 @@ class LocalBackend:
         self.database.dispose()
 
 
+def add_api_option(parser: argparse.ArgumentParser, local: bool = True) -> None:
+    """--api URL, and (for commands that can read the local database) --local."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--api",
+        metavar="URL",
+        help="the API to ask (default RECALLQ_API_URL; without either, the local database)",
+    )
+    if local:
+        where.add_argument(
+            "--local",
+            action="store_true",
+            help="read the local database, even when RECALLQ_API_URL is set",
+        )
+
+
 def api_url(args: argparse.Namespace, settings: Settings) -> str | None:
-    """The API these commands talk to: --api, else RECALLQ_API_URL, else none (local)."""
+    """The API these commands talk to: --api, else RECALLQ_API_URL, else none (local); none
+    with --local."""
+    if getattr(args, "local", False):
+        return None
     url: str | None = getattr(args, "api", None) or settings.api_url
     return url
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from recallq import gates, labels
 from recallq.cli import local_runs
-from recallq.cli.backends import api_url, open_backend, open_local_database
+from recallq.cli.backends import add_api_option, api_url, open_backend, open_local_database
 from recallq.cli.output import print_json, print_run
 from recallq.client import Client
 from recallq.display import database_label
@@ -49,7 +49,7 @@ def add_commands(sub: Any) -> None:
                         help="a labels file (CSV or JSONL) to store")  # fmt: skip
     label.add_argument("--seed", type=_seed, default=0, help="of the sample (default 0)")
     label.add_argument("--out", type=Path, help="the CSV to fill in (with --sample)")
-    _add_api(label)
+    add_api_option(label)
     label.set_defaults(func=cmd_label)
 
     agreement = sub.add_parser("agreement", help="how far the judge agrees with the labels")
@@ -59,7 +59,7 @@ def add_commands(sub: Any) -> None:
         "--against", metavar="RUN", help="another run of the same claims: judge vs judge"
     )
     agreement.add_argument("--json", action="store_true", help="the agreement as JSON")
-    _add_api(agreement)
+    add_api_option(agreement)
     agreement.set_defaults(func=cmd_agreement)
 
     rejudge = sub.add_parser(
@@ -69,7 +69,7 @@ def add_commands(sub: Any) -> None:
     rejudge.add_argument("--model", help="the judge of the new run (default: the run's own)")
     rejudge.add_argument("--concurrency", type=int, help="judge calls in flight (threads)")
     rejudge.add_argument("--quiet", action="store_true", help="no progress bar")
-    _add_api(rejudge)
+    add_api_option(rejudge)
     rejudge.set_defaults(func=cmd_rejudge)
 
     gate = sub.choices["gate"]
@@ -79,14 +79,6 @@ def add_commands(sub: Any) -> None:
         help="gate on the lower bound of the mean corrected by human labels of a random sample",
     )
     gate.set_defaults(func=_corrected_gate(gate.get_default("func")))
-
-
-def _add_api(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--api",
-        metavar="URL",
-        help="the API to ask (default RECALLQ_API_URL; without either, the local database)",
-    )
 
 
 def _seed(text: str) -> int:

@@ -26,7 +26,7 @@ from recallq.local import LocalRunner
 from recallq.runs import RunConflict, RunService
 from recallq.runtime import Runtime
 from recallq.settings import Settings
-from recallq.status import PublicItemStatus
+from recallq.status import RUN_ENDED, PublicItemStatus
 from recallq.tables import Run
 
 LOCAL_BATCH_REFUSED = (
@@ -226,12 +226,14 @@ def _score(
         return _interrupted(runtime, runner, run_id, resume_argv)
     out = getattr(args, "out", None)
     footer = [""]
+    # with RECALLQ_API_URL set, the client commands ask the API, which has not this run
+    here = " --local" if runtime.settings.api_url else ""
     if out is not None:
         local.write_results(runtime, run_id, out, getattr(args, "format", None))
         footer.append(f"per-item results with claims: {out}")
     else:
         footer.append(
-            f"per-item results with claims: recallq results {run_id} --out results.jsonl "
+            f"per-item results with claims: recallq results {run_id}{here} --out results.jsonl "
             "(or --out FILE on this command)"
         )
     report_to = getattr(args, "report", None)
@@ -241,7 +243,7 @@ def _score(
         path = write_report(backend, run_id, to, base=None, lowest=REPORT_LOWEST)
         footer.append(f"HTML report: {path}")
     else:
-        footer.append(f"HTML report: recallq report {run_id} --out report.html")
+        footer.append(f"HTML report: recallq report {run_id}{here} --out report.html")
     by = getattr(args, "by", None)
     groups = None
     if by:
@@ -276,19 +278,28 @@ def _interrupted(
             f"recallq: {left} item(s) in flight abandoned: a resume sends them again",
             file=sys.stderr,
         )
+    here = " --local" if runtime.settings.api_url else ""  # see _score
+    status = None
     try:
-        counts = local.run_view(runtime, run_id, details=False)["counts"]
+        view = local.run_view(runtime, run_id, details=False)
+        counts, status = view["counts"], view["status"]
         done = counts[PublicItemStatus.SUCCEEDED] + counts[PublicItemStatus.FAILED]
         progress = f": {done} of {counts['total']} items done, and not sent again"
     except Exception:  # the message below matters more than the counts
         progress = ""
+    if status in RUN_ENDED and not left:  # the items in flight were its last ones
+        print(
+            f"recallq: run {run_id} {status} meanwhile: recallq status {run_id}{here}",
+            file=sys.stderr,
+        )
+        return Exit.INTERRUPTED
     with contextlib.suppress(Exception):  # a resume sends them again all the same
         local.release(runtime, run_id)
     print(f"recallq: run {run_id} is kept{progress}", file=sys.stderr)
     if resume_argv is not None:
         argv = [arg for arg in resume_argv if arg != "--fresh"]
         print(f"recallq: resume with: {shlex.join(['recallq', *argv])}", file=sys.stderr)
-    print(f"recallq:          or: recallq resume {run_id}", file=sys.stderr)
+    print(f"recallq:          or: recallq resume {run_id}{here}", file=sys.stderr)
     if left:
         # Pool threads still inside a judge call would hold the interpreter's exit until the
         # call returns (up to the request timeout, retries included). Their items are

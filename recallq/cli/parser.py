@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from recallq.cli import labels
+from recallq.cli.backends import add_api_option
 from recallq.cli.reports import MAX_REPORT_LOWEST, REPORT_LOWEST
 from recallq.status import RunStatus
 
@@ -103,14 +104,6 @@ def _add_gate(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _add_api(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--api",
-        metavar="URL",
-        help="the API to ask (default RECALLQ_API_URL; without either, the local database)",
-    )
-
-
 def build_parser() -> argparse.ArgumentParser:
     from recallq import __version__
 
@@ -181,11 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--json", action="store_true", help="with --wait, the final run object as JSON"
     )
     _add_gate(submit)
-    _add_api(submit)
+    add_api_option(submit, local=False)
     submit.set_defaults(func=_command("run_commands", "submit"))
 
     runs = sub.add_parser("runs", help="list runs, newest first")
-    _add_api(runs)
+    add_api_option(runs)
     runs.add_argument("--status", choices=[s.value for s in RunStatus], help="only these")
     runs.add_argument("--name", help="only runs of this name")
     runs.add_argument("--limit", type=int, default=20, help="at most this many (default 20)")
@@ -194,14 +187,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = sub.add_parser("status", help="a run's summary")
     status.add_argument("run_id")
-    _add_api(status)
+    add_api_option(status)
     status.add_argument("--json", action="store_true", help="the run object as JSON")
     status.add_argument("--by", metavar="FIELD", help="summary per value of this metadata field")
     status.set_defaults(func=_command("run_commands", "status"))
 
     results = sub.add_parser("results", help="a run's per-item results with claims")
     results.add_argument("run_id")
-    _add_api(results)
+    add_api_option(results)
     results.add_argument("--format", choices=["jsonl", "csv", "claims.csv"], default="jsonl")
     results.add_argument("--out", type=Path, help="file to write (default, or -: stdout)")
     results.add_argument(
@@ -214,7 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     compare = sub.add_parser("compare", help="compare two runs of the same items")
     compare.add_argument("base", metavar="BASE_RUN")
     compare.add_argument("candidate", metavar="CANDIDATE_RUN")
-    _add_api(compare)
+    add_api_option(compare)
     compare.add_argument("--by", metavar="FIELD", help="also per value of this metadata field")
     compare.add_argument("--json", action="store_true", help="the comparison as JSON")
     compare.set_defaults(func=_command("run_commands", "compare"))
@@ -233,12 +226,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=REPORT_LOWEST,
         help=f"how many of the lowest-scoring items to show (default {REPORT_LOWEST})",
     )
-    _add_api(report)
+    add_api_option(report)
     report.set_defaults(func=_command("run_commands", "report"))
 
     gate = sub.add_parser("gate", help="exit 1 when a run misses a threshold (for CI)")
     gate.add_argument("run_id")
-    _add_api(gate)
+    add_api_option(gate)
     _add_gate(gate)
     gate.set_defaults(func=_command("run_commands", "gate"))
 
@@ -249,7 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
     ):
         p = sub.add_parser(name, help=helptext)
         p.add_argument("run_id")
-        _add_api(p)
+        add_api_option(p)
         if name == "cancel":
             p.add_argument("--json", action="store_true", help="the run object as JSON")
         else:
@@ -279,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     delete = sub.add_parser("delete", help="delete an ended run with its items (admin key)")
     delete.add_argument("run_id")
-    _add_api(delete)
+    add_api_option(delete, local=False)
     delete.set_defaults(func=_command("run_commands", "delete"))
 
     estimate = sub.add_parser(

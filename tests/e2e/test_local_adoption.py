@@ -707,3 +707,23 @@ def test_api_on_a_busy_port_is_one_line_and_exit_2(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith(f"recallq: cannot listen on 127.0.0.1:{port}: ")
+
+
+def test_with_an_api_configured_the_local_runs_hints_say_local(tmp_path: Path) -> None:
+    """The service's quickstart exports RECALLQ_API_URL; `recallq run` still scores here, so
+    the commands it suggests read the local database (--local), which the API has not."""
+    service = {"RECALLQ_API_URL": "http://127.0.0.1:9"}  # nothing listens there
+    example = str(REPO / "examples" / "eval_set.jsonl")
+    first = recallq("run", example, "--quiet", cwd=tmp_path, env=service)
+    assert first.returncode == 0, first.stderr
+    run_id = first.stdout.split("run                ")[1].split()[0]
+    assert f"recallq results {run_id} --local --out results.jsonl" in first.stdout
+    assert f"recallq report {run_id} --local --out report.html" in first.stdout
+    results = recallq("results", run_id, "--local", cwd=tmp_path, env=service)
+    assert results.returncode == 0 and len(results.stdout.splitlines()) == 24
+    status = recallq("status", run_id, "--local", cwd=tmp_path, env=service)
+    assert status.returncode == 0 and "status             completed" in status.stdout
+    asked = recallq("status", run_id, cwd=tmp_path, env=service)  # the API, as configured
+    assert asked.returncode == 2 and "cannot reach the API" in asked.stderr
+    both = recallq("status", run_id, "--local", "--api", "http://x", cwd=tmp_path, env=service)
+    assert both.returncode == 2 and "not allowed with argument" in both.stderr

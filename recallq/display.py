@@ -28,6 +28,11 @@ _SHOWN_ITEM_STATUSES = (
 )
 
 
+def count(n: int, noun: str, plural: str | None = None) -> str:
+    """`1 row`, `2 rows`: a number and its noun."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def database_label(url: str) -> str:
     """Where runs are, for people: a SQLite file's full path, else the URL without password."""
     if url.startswith("sqlite:///"):

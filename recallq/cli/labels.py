@@ -28,7 +28,7 @@ from recallq.cli import local_runs
 from recallq.cli.backends import add_api_option, api_url, open_backend, open_local_database
 from recallq.cli.output import print_json, print_run
 from recallq.client import Client
-from recallq.display import database_label
+from recallq.display import count, database_label
 from recallq.gates import CommandError, Exit
 from recallq.tables import Run
 
@@ -240,8 +240,9 @@ def cmd_label(args: argparse.Namespace) -> int:
                     file=sys.stderr,
                 )
             print(
-                f"{result['stored']} labels stored, {result['skipped']} rows left empty, "
-                f"{len(result['problems'])} rows with problems"
+                f"{count(result['stored'], 'label')} stored, "
+                f"{count(result['skipped'], 'row')} left empty, "
+                f"{count(len(result['problems']), 'row')} with problems"
             )
             return Exit.FAILED if result["problems"] else Exit.OK
         assert out is not None

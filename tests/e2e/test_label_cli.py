@@ -76,7 +76,7 @@ def test_sample_fill_in_import_agreement_and_corrected_gate(local_run: tuple[Pat
         writer.writerows(rows)
     imported = _recallq(cwd, "label", run, "--import", str(sheet))
     assert imported.returncode == 0, imported.stderr
-    assert f"{len(rows) - 1} labels stored, 1 rows left empty, 0 rows" in imported.stdout
+    assert f"{len(rows) - 1} labels stored, 1 row left empty, 0 rows" in imported.stdout
 
     shown = _recallq(cwd, "agreement", run)
     assert shown.returncode == 0, shown.stderr

@@ -113,8 +113,17 @@ class Reaper:
         return len(requeued)
 
     def _requeue_all_in_flight(self) -> int:
-        """Every message is gone, including the next link of chains in progress. Taking the
-        items over (new owner tokens) makes any answer still in flight for them void."""
+        """Every message sent before the loss is gone, including the next link of chains in
+        progress: each item in flight goes back to the queue unless a message of it is in the
+        broker now (sent since, as a submission right after a flush sends them) or a live
+        worker holds one. Taking the items over (new owner tokens) makes any answer still in
+        flight for them void."""
+        # the broker first, then the database, as in _requeue_lost
+        unacked = unacknowledged(self._redis, math.inf)
+        live_held = held_by(self._redis, self.heartbeat.live_workers_ids())
+        with_message = queued_items(self._redis).union(
+            *(ids for _, ids in unacked.values()), *live_held.values()
+        )
         total, after = 0, 0
         while True:
             with self._db.session() as session:
@@ -131,7 +140,7 @@ class Reaper:
             if not ids:
                 return total
             after = ids[-1]
-            requeued = self._items.requeue_lost(ids)
+            requeued = self._items.requeue_lost([i for i in ids if i not in with_message])
             if requeued:
                 self._queue.send_items(requeued)
             total += len(requeued)

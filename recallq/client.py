@@ -331,7 +331,9 @@ def _ndjson(items: Iterator[dict[str, Any]], progress: bool) -> Iterator[bytes]:
     """Items as NDJSON, a batch of lines per chunk."""
     from tqdm import tqdm
 
-    with tqdm(unit="item", desc="upload", file=sys.stderr, disable=not progress) as bar:
+    # a bar on a terminal only: in a log file its carriage returns run into one line
+    shown = progress and display.redraws(sys.stderr)
+    with tqdm(unit="item", desc="upload", file=sys.stderr, disable=not shown) as bar:
         batch: list[str] = []
         for item in items:
             batch.append(json.dumps(item, ensure_ascii=False))

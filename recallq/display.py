@@ -5,6 +5,7 @@ terminal is what a script reads in `--json`."""
 from __future__ import annotations
 
 import math
+import re
 import time
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -68,11 +69,15 @@ def paused(view: dict[str, Any], now: datetime | None = None) -> str | None:
     return text
 
 
+_NUMBERS = re.compile(r"\d+")
+
+
 class ProgressLine:
     """A line that says how far a run is. A terminal or a notebook redraws it in place (a
     carriage return, padded over the previous line: no terminal escapes, which notebooks show
-    raw); a file or a pipe (a CI log) gets a line of its own when it changed, at most every
-    `every` seconds, and the last one."""
+    raw); a file or a pipe (a CI log) gets a line of its own when it says something new (a
+    status, a pause, batches pending: at once) or its counts moved (at most every `every`
+    seconds), and the last one."""
 
     def __init__(self, out: IO[str], every: float = 10.0) -> None:
         self.out = out
@@ -86,7 +91,11 @@ class ProgressLine:
             print(
                 f"\r{line:<{len(self.shown)}}", end="\n" if last else "", file=self.out, flush=True
             )
-        elif line != self.shown and (last or time.monotonic() - self.at >= self.every):
+        elif line != self.shown and (
+            last
+            or _NUMBERS.sub("#", line) != _NUMBERS.sub("#", self.shown)
+            or time.monotonic() - self.at >= self.every
+        ):
             print(line, file=self.out, flush=True)
             self.at = time.monotonic()
         else:

@@ -240,16 +240,18 @@ def _no_static_context() -> ColumnElement[bool]:
     return or_(Run.context.is_(None), cast(Run.context, Text).in_(["null", "[]"]))
 
 
+#: Bumped when a column counts differently (2: no_context counts the items without a context
+#: of their own in a run without a static one).
+RUN_VIEW_RULES = 2
 #: The shape of a kept run view: the aggregate columns' names and the fields that hold them,
-#: so adding a column, a field or a status gives kept views a new shape (computed again); the
-#: rules' version is bumped when a column counts differently (2: no_context counts items
-#: without a context of their own in a run without a static one).
+#: so adding a column, a field or a status gives kept views a new shape (computed again), and
+#: the version of the rules that count them.
 RUN_VIEW_SHAPE = kept.shape(
     "run",
     [str(column.key) for column in _aggregate_columns(1.0, details=True)],
     [f.name for f in dataclasses.fields(RunAggregates)],
     [f.name for f in dataclasses.fields(Usage)],
-    ["rules", 2],
+    ["rules", RUN_VIEW_RULES],
 )
 _RUN_VIEW = kept.Kind("run", RUN_VIEW_SHAPE, RunAggregates.body, RunAggregates.of_body)
 #: Kept comparisons and group summaries: their bodies are the answers' JSON, whose shape is

@@ -305,12 +305,17 @@ def test_a_view_kept_in_another_shape_is_computed_again_never_misread(
 
 
 def test_a_new_aggregate_column_or_status_is_a_new_shape() -> None:
-    """The run view's shape is its columns' and fields' names: adding one changes it, so a view
-    kept before is not read as the new shape."""
+    """The run view's shape is its columns' and fields' names and the version of the rules
+    that count them: changing one changes it, so a view kept before is not read as the new
+    shape."""
     columns = [str(c.key) for c in queries._aggregate_columns(1.0, details=True)]
     assert "count_failed" in columns and "deferrals" in columns
     fields = [f.name for f in dataclasses.fields(queries.RunAggregates)]
     usage = [f.name for f in dataclasses.fields(Usage)]
-    assert kept.shape("run", columns, fields, usage) == queries.RUN_VIEW_SHAPE
-    assert kept.shape("run", [*columns, "count_paused"], fields, usage) != queries.RUN_VIEW_SHAPE
-    assert kept.shape("run", columns, [*fields, "median"], usage) != queries.RUN_VIEW_SHAPE
+    rules = ["rules", queries.RUN_VIEW_RULES]
+    assert kept.shape("run", columns, fields, usage, rules) == queries.RUN_VIEW_SHAPE
+    assert kept.shape("run", [*columns, "count_paused"], fields, usage, rules) != (
+        queries.RUN_VIEW_SHAPE
+    )
+    assert kept.shape("run", columns, [*fields, "median"], usage, rules) != queries.RUN_VIEW_SHAPE
+    assert kept.shape("run", columns, fields, usage, ["rules", 1]) != queries.RUN_VIEW_SHAPE

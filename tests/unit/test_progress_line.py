@@ -52,6 +52,24 @@ def test_a_file_gets_at_most_a_line_per_interval_and_always_the_last() -> None:
     assert out.getvalue().splitlines() == ["running: 0 scored", "completed: 50 scored"]
 
 
+def test_a_file_gets_a_new_state_at_once_and_moving_counts_per_interval() -> None:
+    out = io.StringIO()
+    line = ProgressLine(out, every=3600)
+    line.show("queued: 0 scored, 0 failed, 20 to go")
+    line.show("queued: 0 scored, 0 failed, 20 to go, 1 provider batch(es) pending")  # new: now
+    line.show("running: 3 scored, 0 failed, 17 to go, 1 provider batch(es) pending")  # now
+    line.show("running: 9 scored, 0 failed, 11 to go, 1 provider batch(es) pending")  # counts
+    line.show("running: 9 scored, 0 failed, 11 to go; paused: rate limited (429)")  # now
+    line.show("completed: 20 scored, 0 failed, 0 to go", last=True)
+    assert out.getvalue().splitlines() == [
+        "queued: 0 scored, 0 failed, 20 to go",
+        "queued: 0 scored, 0 failed, 20 to go, 1 provider batch(es) pending",
+        "running: 3 scored, 0 failed, 17 to go, 1 provider batch(es) pending",
+        "running: 9 scored, 0 failed, 11 to go; paused: rate limited (429)",
+        "completed: 20 scored, 0 failed, 0 to go",
+    ]
+
+
 def test_the_last_line_is_not_repeated() -> None:
     out = io.StringIO()
     line = ProgressLine(out, every=0)

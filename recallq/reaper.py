@@ -80,16 +80,20 @@ class Reaper:
             self._queue.send_dispatch(run_id)
         return requeued
 
-    def _requeue_lost(self) -> int:
-        # The broker first, in the order a message moves (waiting, delivered), then the
-        # workers, then the database: a message in flight between two reads is not missed.
+    def _messages(self) -> tuple[set[int], dict[str, tuple[float, list[int]]], set[int]]:
+        """The items of the messages waiting in the broker, the messages delivered and not
+        acknowledged, and the items live workers hold messages of: the broker first, in the
+        order a message moves (waiting, delivered), then the workers, then (the callers) the
+        database, so a message in flight between two reads is not missed."""
         waiting = queued_items(self._redis)
         unacked = unacknowledged(self._redis, math.inf)
-        delivered_before = time.time() - self.heartbeat.ttl
-        dead = self.heartbeat.dead_workers()
-        held = held_by(self._redis, dead)
         live_held = held_by(self._redis, self.heartbeat.live_workers_ids())
-        holding = {i for ids in live_held.values() for i in ids}
+        return waiting, unacked, {i for ids in live_held.values() for i in ids}
+
+    def _requeue_lost(self) -> int:
+        waiting, unacked, holding = self._messages()
+        delivered_before = time.time() - self.heartbeat.ttl
+        held = held_by(self._redis, self.heartbeat.dead_workers())
         # Messages delivered over a TTL ago, never acknowledged, that no live worker holds: a
         # worker died with them, maybe before it could even note that it held them.
         orphans = {
@@ -118,12 +122,8 @@ class Reaper:
         broker now (sent since, as a submission right after a flush sends them) or a live
         worker holds one. Taking the items over (new owner tokens) makes any answer still in
         flight for them void."""
-        # the broker first, then the database, as in _requeue_lost
-        unacked = unacknowledged(self._redis, math.inf)
-        live_held = held_by(self._redis, self.heartbeat.live_workers_ids())
-        with_message = queued_items(self._redis).union(
-            *(ids for _, ids in unacked.values()), *live_held.values()
-        )
+        waiting, unacked, holding = self._messages()
+        with_message = waiting.union(holding, *(ids for _, ids in unacked.values()))
         total, after = 0, 0
         while True:
             with self._db.session() as session:
@@ -145,19 +145,9 @@ class Reaper:
                 self._queue.send_items(requeued)
             total += len(requeued)
 
-    def items_to_requeue(self, broker_lost: bool, held_by_dead: Iterable[int] = ()) -> list[int]:
+    def items_to_requeue(self, held_by_dead: Iterable[int] = ()) -> list[int]:
         """Items of running runs whose broker message or worker is gone. `held_by_dead`:
         items of messages that dead workers held."""
-        if broker_lost:
-            with self._db.session() as session:
-                return list(
-                    session.scalars(
-                        select(Item.id)
-                        .join(Run, Run.id == Item.run_id)
-                        .where(Run.status == RunStatus.RUNNING, Item.status.in_(IN_FLIGHT))
-                        .limit(BATCH)
-                    )
-                )
         return self._lost(set(held_by_dead))[0]
 
     def _lost(

@@ -103,9 +103,7 @@ def test_attribution_worker_that_dies_is_noticed_while_the_extracting_one_lives(
     extracting.heartbeat.beat()
     reaper = extracting.reaper()
     seen_as_lost: list[list[int]] = []
-    _judge(attributing).during_attribution = lambda: seen_as_lost.append(
-        reaper.items_to_requeue(broker_lost=False)
-    )
+    _judge(attributing).during_attribution = lambda: seen_as_lost.append(reaper.items_to_requeue())
     attributing.engine.attribute(extracted)
 
     assert seen_as_lost == [[item_id]]

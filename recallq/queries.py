@@ -61,7 +61,7 @@ _HISTOGRAM = "histogram_"
 
 
 def _aggregate_columns(
-    scale: Any, details: bool, no_static_context: ColumnElement[bool] | None = None
+    scale: Any, details: bool, no_static_context: ColumnElement[bool]
 ) -> list[ColumnElement[Any]]:
     """Counts, summary, usage and (with `details`) the score histogram of a run: one scan of
     its items (a 100k-item run is read by every status poll), each column labelled with the
@@ -76,7 +76,7 @@ def _aggregate_columns(
         own_contexts == "[]",
         and_(
             or_(Item.contexts.is_(None), own_contexts == "null"),
-            false() if no_static_context is None else no_static_context,
+            no_static_context,
         ),
     )
 
@@ -248,7 +248,7 @@ RUN_VIEW_RULES = 2
 #: the version of the rules that count them.
 RUN_VIEW_SHAPE = kept.shape(
     "run",
-    [str(column.key) for column in _aggregate_columns(1.0, details=True)],
+    [str(column.key) for column in _aggregate_columns(1.0, True, false())],
     [f.name for f in dataclasses.fields(RunAggregates)],
     [f.name for f in dataclasses.fields(Usage)],
     ["rules", RUN_VIEW_RULES],

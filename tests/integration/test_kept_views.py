@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import delete, func, insert, select, text, update
+from sqlalchemy import delete, false, func, insert, select, text, update
 
 from recallq import kept, migrate, queries
 from recallq.db import Database
@@ -308,7 +308,7 @@ def test_a_new_aggregate_column_or_status_is_a_new_shape() -> None:
     """The run view's shape is its columns' and fields' names and the version of the rules
     that count them: changing one changes it, so a view kept before is not read as the new
     shape."""
-    columns = [str(c.key) for c in queries._aggregate_columns(1.0, details=True)]
+    columns = [str(c.key) for c in queries._aggregate_columns(1.0, True, false())]
     assert "count_failed" in columns and "deferrals" in columns
     fields = [f.name for f in dataclasses.fields(queries.RunAggregates)]
     usage = [f.name for f in dataclasses.fields(Usage)]

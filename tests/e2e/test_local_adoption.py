@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from recallq.cli.local_runs import INTERRUPT_GRACE_SECONDS
 from tests.services import REPO, write_models_file
 
 DATA = REPO / "tests" / "data"
@@ -248,9 +249,10 @@ def test_ctrl_c_during_start_up_says_how_to_resume(tmp_path: Path, stub_env, cle
     ]
     data = _jsonl(tmp_path / "startup.jsonl", items)
     db = tmp_path / "local.db"
-    # slow answers: should start-up end before the signal lands (a fast machine, or a loaded
-    # one that polls late), the run is still in flight, never completed under the test
-    clean_stub.configure(latency_ms=3000)
+    # answers slower than the interrupt's grace for items in flight: should start-up end
+    # before the signal lands (a fast machine, or a loaded one that polls late), no item can
+    # end in the grace, so the run is still in flight, never completed under the test
+    clean_stub.configure(latency_ms=int((INTERRUPT_GRACE_SECONDS + 3) * 1000))
     process = subprocess.Popen(
         [sys.executable, "-m", "recallq.cli", "run", str(data), "--model", "stub-judge"],
         cwd=tmp_path,

@@ -42,6 +42,8 @@ log = logging.getLogger(__name__)
 
 BATCH = 1000
 IN_FLIGHT = (ItemStatus.QUEUED, ItemStatus.RUNNING)
+#: How long a commit that releases or moves an item may come before the message it sends.
+SEND_MARGIN_S = 5.0
 
 
 class Reaper:
@@ -121,9 +123,24 @@ class Reaper:
         progress: each item in flight goes back to the queue unless a message of it is in the
         broker now (sent since, as a submission right after a flush sends them) or a live
         worker holds one. Taking the items over (new owner tokens) makes any answer still in
-        flight for them void."""
+        flight for them void. An item written since shortly before the broker was read may
+        not have sent its message yet: it is left to the sweeps after this one, which take
+        it if it stays without a message for a heartbeat TTL."""
+        read_at = utcnow()
         waiting, unacked, holding = self._messages()
         with_message = waiting.union(holding, *(ids for _, ids in unacked.values()))
+        before = read_at - timedelta(seconds=SEND_MARGIN_S)
+        written_before = or_(
+            Item.lease_until.is_(None),
+            and_(
+                Item.status == ItemStatus.QUEUED,
+                Item.lease_until < before + timedelta(seconds=self._items.queue_lease_seconds),
+            ),
+            and_(
+                Item.status == ItemStatus.RUNNING,
+                Item.lease_until < before + timedelta(seconds=self._items.lease_seconds),
+            ),
+        )
         total, after = 0, 0
         while True:
             with self._db.session() as session:
@@ -132,7 +149,7 @@ class Reaper:
                         select(Item.id)
                         .join(Run, Run.id == Item.run_id)
                         .where(Run.status == RunStatus.RUNNING)
-                        .where(Item.status.in_(IN_FLIGHT), Item.id > after)
+                        .where(Item.status.in_(IN_FLIGHT), Item.id > after, written_before)
                         .order_by(Item.id)
                         .limit(BATCH)
                     )

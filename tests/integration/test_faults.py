@@ -187,14 +187,17 @@ def test_cancel_stops_every_call(api, workers, fault_env, clean_stub) -> None:
 
 def test_broken_judge_output_fails_only_marked_items(api, workers, fault_env, clean_stub) -> None:
     workers.append(start_worker(fault_env, concurrency=8))
+    items = make_items("b", 20)
+    # in a context, which only attribution reads: in a ground truth the marker would break
+    # the extraction too whenever the item is extracted alone (a window top-up sends one)
     marked = {3: "STUB_BROKEN_JSON", 7: "STUB_TRUNCATE", 11: "STUB_WRONG_SHAPE"}
-    run_id = submit(api, make_items("b", 20, marked))
+    for index, marker in marked.items():
+        items[index]["context"].append(marker)
+    run_id = submit(api, items)
     run = wait_for_run(api, run_id, timeout=120)
     assert run["status"] == "completed"
     assert run["counts"]["failed"] == 3 and run["counts"]["succeeded"] == 17
     rows = {r["key"]: r for r in item_rows(fault_env["RECALLQ_DATABASE_URL"], run_id)}
-    # their ground truths were extracted together with the others (the marker only breaks
-    # single answers); the claims carry the marker into attribution, which breaks
     assert "invalid JSON" in rows["b-3"]["error"] and '{"verdicts": [' in rows["b-3"]["error"]
     assert "cut off" in rows["b-7"]["error"]
     assert 'expected an object with a "verdicts" list' in rows["b-11"]["error"]

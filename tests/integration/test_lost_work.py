@@ -38,7 +38,7 @@ from recallq.coordination.periodic import (
 from recallq.db import Database
 from recallq.judge.base import Judge, JudgeReply
 from recallq.outcomes import Continue, Taken
-from recallq.reaper import HandBack
+from recallq.reaper import SEND_MARGIN_S, HandBack
 from recallq.runtime import Runtime
 from recallq.settings import Settings
 from recallq.status import ItemStatus
@@ -226,6 +226,7 @@ def test_after_a_loss_only_items_without_a_message_since_are_taken_over(
     reaper = runtime.reaper()
     assert reaper.sweep() == 0  # the epoch is known now
     gone, kept = _between_stages(runtime), _between_stages(runtime)
+    _written_ago(runtime, [gone, kept], SEND_MARGIN_S + 1)
     owner = _item(runtime, kept).owner
     redis.flushall()  # the broker loses its data, the database keeps the epoch
     runtime.heartbeat.beat()
@@ -237,6 +238,36 @@ def test_after_a_loss_only_items_without_a_message_since_are_taken_over(
     assert _item(runtime, gone).owner is None
     assert _item(runtime, kept).status == ItemStatus.RUNNING and _item(runtime, kept).owner == owner
     assert reaper.sweep() == 0  # the loss is seen once
+
+
+def test_after_a_loss_an_item_written_as_the_broker_was_read_waits_for_its_message(
+    workers: Callable[[str], Runtime], redis: Redis
+) -> None:
+    """A commit comes a moment before the message it sends: an item released as the loss
+    sweep reads the broker has no message there yet, and taking it over would send it twice.
+    The sweeps after it take the item if it still has no message a heartbeat TTL later."""
+    runtime = workers("host:a")
+    assert runtime.heartbeat is not None
+    runtime.heartbeat.beat()
+    reaper = runtime.reaper()
+    assert reaper.sweep() == 0  # the epoch is known now
+    redis.flushall()
+    runtime.heartbeat.beat()
+    released = _queued_item(runtime)  # its message is about to be sent (SentNowhere: never)
+    assert reaper.sweep() == 0
+    assert _item(runtime, released).owner is None
+    _written_ago(runtime, [released], runtime.settings.heartbeat_ttl + 1)
+    assert reaper.sweep() == 1  # the regular sweep: released a TTL ago, still no message
+
+
+def _written_ago(runtime: Runtime, item_ids: list[int], seconds: float) -> None:
+    """As if the items' last write (a lease's start) were `seconds` older."""
+    with runtime.database.transaction() as conn:
+        conn.execute(
+            update(Item)
+            .where(Item.id.in_(item_ids))
+            .values(lease_until=Item.lease_until - timedelta(seconds=seconds))
+        )
 
 
 # --- messages a dead worker held -------------------------------------------------------------

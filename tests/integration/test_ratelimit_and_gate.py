@@ -42,7 +42,9 @@ def test_requests_are_spaced_evenly_across_callers(client) -> None:
     stamps = _stamps(limiter, threads=6, calls=5)
     gaps = [b - a for a, b in zip(stamps, stamps[1:], strict=False)]
     assert min(gaps) >= 0.09  # 600/min: one every 100 ms, no burst
-    assert (stamps[-1] - stamps[0]) == pytest.approx(2.9, abs=0.15)
+    # at least the spacing, and not a long wait over it (the bound is wide: a loaded machine
+    # runs threads late, never early)
+    assert 2.85 <= stamps[-1] - stamps[0] < 4.5
 
 
 def test_tokens_per_minute_and_correction_after_the_call(client) -> None:
@@ -50,11 +52,11 @@ def test_tokens_per_minute_and_correction_after_the_call(client) -> None:
     limiter.acquire("m", 50)
     start = time.monotonic()
     limiter.acquire("m", 50)  # waits for the first call's 50 tokens: 0.5 s
-    assert time.monotonic() - start == pytest.approx(0.5, abs=0.08)
+    assert 0.45 <= time.monotonic() - start < 1.5
     limiter.settle("m", estimated=50, actual=10)  # the call used fewer: 0.4 s handed back
     start = time.monotonic()
-    limiter.acquire("m", 10)
-    assert time.monotonic() - start < 0.2
+    limiter.acquire("m", 10)  # 0.1 s with the 0.4 s handed back, 0.5 s without
+    assert time.monotonic() - start < 0.4
 
 
 def test_a_long_wait_gives_the_slot_back(client) -> None:
@@ -71,7 +73,7 @@ def test_a_provider_429_halts_every_caller_then_rate_recovers(client) -> None:
     first.penalise("m", retry_after=0.5)
     start = time.monotonic()
     second.acquire("m", 1)
-    assert time.monotonic() - start == pytest.approx(0.5, abs=0.08)
+    assert 0.45 <= time.monotonic() - start < 1.5
     # the rate is halved (20 ms between calls instead of 10) and recovers over 30 s
     stamps = _stamps(second, threads=1, calls=11)
     assert (stamps[-1] - stamps[0]) / 10 >= 0.017

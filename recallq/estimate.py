@@ -88,15 +88,22 @@ class Estimator:
         self._pack: list[str] = []
 
     def add(
-        self, ground_truth: str | None, contexts: list[str], cached_claims: list[str] | None
+        self,
+        ground_truth: str | None,
+        contexts: list[str],
+        cached_claims: list[str] | None,
+        known_claims: list[str] | None = None,
     ) -> None:
-        """One item: its ground truth, its resolved context passages, and the claims the
-        claim cache holds for it (None: not cached)."""
+        """One item: its ground truth, its resolved context passages, the claims the claim
+        cache holds for it (None: not cached) and the claims it takes from the run that
+        `claims_from` names (None: none, it is extracted)."""
         estimate = self._estimate
         estimate.items += 1
         if ground_truth is None or not self._calls_a_model:
             return
-        if cached_claims is None:
+        if known_claims is not None:
+            claims = known_claims
+        elif cached_claims is None:
             claims = split_claims(ground_truth) or [ground_truth]
             self._extract(ground_truth)
         else:

@@ -21,7 +21,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from recallq import context as ctx
-from recallq import dataset, estimate, inputs, queries, scoring
+from recallq import dataset, estimate, inputs, pipeline, queries, scoring
 from recallq.claim_cache import ClaimCache
 from recallq.judge_models import LEXICAL, ModelConfig
 from recallq.settings import DEFAULT_RETRY_DEADLINE, Settings
@@ -33,6 +33,9 @@ MAX_BUDGET_USD = 1_000_000.0
 MAX_BUDGET_TOKENS = 10**12
 #: the default depth limit of JSON values in a submission (the API passes its setting)
 MAX_JSON_DEPTH = 64
+
+#: An earlier run's item for `claims_from`: its ground truth and its claims.
+EarlierClaims = tuple[str | None, list[str]]
 
 
 class SubmissionError(ValueError):
@@ -362,8 +365,11 @@ def estimate_checked(
     settings: Settings,
     models: Mapping[str, ModelConfig],
     batch: int = 1000,
+    inherited: Mapping[str, EarlierClaims] | None = None,
 ) -> estimate.Estimate:
-    """estimate_run of item rows already checked."""
+    """estimate_run of item rows already checked. `inherited`: the claims of the run that
+    `claims_from` names, by item id; an item that takes them (pipeline.inherited_claims)
+    needs no extraction."""
     estimator = estimate.estimator_for(
         spec.model, models, settings.extraction_pack, settings.extraction_pack_tokens, spec.mode
     )
@@ -378,7 +384,11 @@ def estimate_checked(
         for row in pending:
             truth = row["ground_truth"]
             contexts = spec.context or [] if row["contexts"] is None else row["contexts"]
-            estimator.add(truth, contexts, None if truth is None else cached.get(keys[truth]))
+            earlier = (inherited or {}).get(row["key"])
+            known = pipeline.inherited_claims(truth, *earlier) if earlier else None
+            estimator.add(
+                truth, contexts, None if truth is None else cached.get(keys[truth]), known
+            )
 
     for row in rows:
         pending.append(row)

@@ -229,8 +229,14 @@ class RunService:
             _CheckedRows(spec, items, self.settings) as rows,
             self.runtime.database.session() as session,
         ):
+            earlier = self._claims_source(session, spec)
             found = ingest.estimate_checked(
-                session, spec, rows.checked(), self.settings, self.runtime.models
+                session,
+                spec,
+                rows.checked(),
+                self.settings,
+                self.runtime.models,
+                inherited=_claims_of(session, earlier) if earlier is not None else None,
             )
         return found.as_dict()
 
@@ -415,15 +421,7 @@ def _inherit_claims(session: Session, run: Run, earlier: Run) -> int:
     """Store with the new run's items the claims of the earlier run's items of the same id
     (recallq.pipeline.inherited_claims decides which); the engine and the batch lane then
     find them known and only attribute them. How many items took claims."""
-    earlier_claims: dict[str, tuple[str | None, list[str]]] = {}
-    rows = session.execute(
-        select(Item.key, Item.ground_truth, Claim.text)
-        .join(Claim, Claim.item_id == Item.id)
-        .where(Item.run_id == earlier.id)
-        .order_by(Item.id, Claim.idx)
-    )
-    for key, ground_truth, text in rows:
-        earlier_claims.setdefault(key, (ground_truth, []))[1].append(text)
+    earlier_claims = _claims_of(session, earlier)
     taken, batch = 0, []
     new_items = session.execute(
         select(Item.id, Item.key, Item.ground_truth).where(Item.run_id == run.id)
@@ -442,6 +440,20 @@ def _inherit_claims(session: Session, run: Run, earlier: Run) -> int:
         session.execute(insert(Claim), batch)
     log.info("run %s took the claims of %d items of run %s", run.id, taken, earlier.id)
     return taken
+
+
+def _claims_of(session: Session, run: Run) -> dict[str, ingest.EarlierClaims]:
+    """The ground truth and claims of each of the run's items with claims, by item id."""
+    found: dict[str, ingest.EarlierClaims] = {}
+    rows = session.execute(
+        select(Item.key, Item.ground_truth, Claim.text)
+        .join(Claim, Claim.item_id == Item.id)
+        .where(Item.run_id == run.id)
+        .order_by(Item.id, Claim.idx)
+    )
+    for key, ground_truth, text in rows:
+        found.setdefault(key, (ground_truth, []))[1].append(text)
+    return found
 
 
 class _CheckedRows:

@@ -11,7 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import create_engine, delete
 
+from recallq.claim_cache import ClaimCache
+from recallq.tables import ClaimCache as CachedClaims
 from tests.integration.secured import (
     api_and_worker,
     bearer,
@@ -195,6 +198,34 @@ def test_an_item_the_source_run_has_no_claims_for_is_extracted_as_usual(
     claims = _claims(api, keys["write"], run["id"])
     assert [text for text, _ in claims["doc/2"]] == ["Station x2 reported hail"]
     assert len(claims["doc/new"]) == 3 and len(claims["doc/0"]) == 3
+
+
+def test_an_estimate_counts_no_extraction_for_the_claims_a_run_takes(
+    api: str, env: dict[str, str], keys: dict[str, str], clean_stub: Any
+) -> None:
+    """A dry run with `claims_from` makes the submission's checks (a missing source is the
+    same 422) and prices the extraction the run will not make at nothing, as for a rejudge
+    with another model, whose claim cache holds nothing yet."""
+    clean_stub.configure(flip_rate=0.0)
+    items = _items("e")[:6]
+    source = completed_run(api, keys["write"], {"items": items, "model": "stub-judge"})["id"]
+    engine = create_engine(env["RECALLQ_DATABASE_URL"])
+    cached = [ClaimCache.key(i["ground_truth"], "stub-judge", project="judges") for i in items]
+    with engine.begin() as conn:
+        assert conn.execute(delete(CachedClaims).where(CachedClaims.key.in_(cached))).rowcount == 6
+    engine.dispose()
+
+    def estimate(**fields: Any) -> httpx.Response:
+        body = {"items": items, "model": "stub-judge", **fields}
+        return submit(api, keys["write"], body, params={"dry_run": "true"})
+
+    plain, taken = estimate().json(), estimate(claims_from=source).json()
+    assert plain["extraction_calls"] >= 1 and plain["cache_hits"] == 0
+    assert taken["extraction_calls"] == 0 and taken["cache_hits"] == 0
+    assert taken["attribution_calls"] == plain["attribution_calls"] == 6
+    assert taken["prompt_tokens"] < plain["prompt_tokens"]
+    missing = estimate(claims_from="00000000-0000-0000-0000-000000000000")
+    assert error_of(missing) == (422, "claims_from_not_found")
 
 
 def _label_by_the_rule(api: str, key: str, run_id: str) -> None:

@@ -125,7 +125,8 @@ class Reaper:
         worker holds one. Taking the items over (new owner tokens) makes any answer still in
         flight for them void. An item written since shortly before the broker was read may
         not have sent its message yet: it is left to the sweeps after this one, which take
-        it if it stays without a message for a heartbeat TTL."""
+        it as any item without a message (one released or between stages once it has been
+        quiet for a heartbeat TTL, another queued one when its lease runs out)."""
         read_at = utcnow()
         waiting, unacked, holding = self._messages()
         with_message = waiting.union(holding, *(ids for _, ids in unacked.values()))

@@ -39,9 +39,15 @@ class TryLater(JudgeError):
     #: does; waiting for rate-limit capacity that is sure to come does not).
     counts_towards_deadline = True
 
-    def __init__(self, message: str, delay: float, usage: Usage = NO_USAGE) -> None:
+    def __init__(
+        self, message: str, delay: float, usage: Usage = NO_USAGE, reason: str | None = None
+    ) -> None:
+        """`reason`: the problem in words that stay the same from one call to the next
+        ("provider unavailable (503)"): what an item that gives up at its deadline reads, so
+        that a run's failures group by it."""
         super().__init__(message, usage)
         self.delay = delay
+        self.reason = reason or message
 
 
 class RateLimited(TryLater):

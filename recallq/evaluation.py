@@ -88,11 +88,11 @@ def evaluate(
         run_id = opened.run_id
         if opened.how == "finished":
             progress = False
-        if model != LEXICAL:
-            from recallq import patches
-
-            patches.prepare_litellm()
         try:
+            if model != LEXICAL:
+                from recallq import patches
+
+                patches.prepare_litellm()
             view = local.process(runtime, runner, run_id, progress=progress)
         except KeyboardInterrupt:
             print(

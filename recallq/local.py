@@ -255,6 +255,16 @@ def open_file_run(
     )
 
 
+def file_run_id(
+    runtime: Runtime, path: Path, spec: ingest.RunSpec, mapping: Mapping[str, str]
+) -> str | None:
+    """The id of the run open_file_run makes or resumes for this file, once it is stored."""
+    keyed = dataclasses.replace(spec, idempotency_key=run_key(path, spec, mapping))
+    with runtime.database.session() as session:
+        found = ingest.find_by_idempotency_key(session, keyed)
+        return None if found is None else found.id
+
+
 def open_run(
     runtime: Runtime, spec: ingest.RunSpec, items: Callable[[], Iterable[Any]], fresh: bool
 ) -> Opened:

@@ -276,11 +276,14 @@ def wait_or_give_up(
     delay_s: float | None = None,
 ) -> Wait | Failed:
     """A transient failure waits and goes again, until the run's retry deadline has passed
-    since the item started waiting (now, if it was not waiting); then the item fails."""
+    since the item started waiting (now, if it was not waiting); then the item fails. A
+    wait ends at the deadline at the latest: the item has its last try then, instead of
+    waiting past it only to give up."""
     since = now_s if waiting_since_s is None else waiting_since_s
-    if now_s - since >= deadline_s:
+    left = since + deadline_s - now_s
+    if left <= 0:
         return Failed(deadline_error(deadline_s, error))
-    return Wait(since, delay_s)
+    return Wait(since, delay_s if delay_s is None else min(delay_s, left))
 
 
 def after_error(
@@ -288,9 +291,10 @@ def after_error(
 ) -> Wait | Failed:
     """An online call that failed. One that cannot succeed now (TryLater) waits its delay:
     rate-limit room that is sure to come, outside the deadline; a provider incident, within
-    it. Any other error fails the item with its message."""
+    it; an item that gives up reads its reason. Any other error fails the item with its
+    message."""
     if not isinstance(exc, TryLater):
         return Failed(str(exc))
     if not exc.counts_towards_deadline:
         return Wait(waiting_since_s, exc.delay)
-    return wait_or_give_up(str(exc), waiting_since_s, now_s, deadline_s, exc.delay)
+    return wait_or_give_up(exc.reason, waiting_since_s, now_s, deadline_s, exc.delay)

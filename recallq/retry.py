@@ -57,6 +57,7 @@ def call_with_retries(
                     f"{exc.reason}: {number} attempts failed, the last with {exc}",
                     policy.max_delay,
                     Usage(call_attempts=failed, failed_calls=failed),
+                    reason=exc.reason,
                 ) from exc
             sleep(policy.delay(number, exc.retry_after))
             continue

@@ -108,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
         }
         spec = runs.RunService(runtime, local=True).spec(fields, local.PROJECT)
         migrate.upgrade(settings.database_url)
+        argv = getattr(args, "argv", None) or sys.argv[1:]
         try:
             opened = local.open_file_run(runtime, args.file, spec, mapping, fresh=args.fresh)
         except SubmissionError as exc:
@@ -116,29 +117,32 @@ def run(args: argparse.Namespace) -> int:
                 raise
             raise CommandError(line) from None
         except KeyboardInterrupt:
-            # the submission stores a run whole or not at all
+            # the submission stores a run whole or not at all; the signal may land just
+            # after it committed
+            stored = local.file_run_id(runtime, args.file, spec, mapping)
+            if stored is not None:
+                return _interrupted(runtime, runner, stored, argv)
             print(
                 "\nrecallq: interrupted before the run was stored: nothing was kept; run the "
                 "same command again",
                 file=sys.stderr,
             )
             return Exit.INTERRUPTED
-        argv = getattr(args, "argv", None) or sys.argv[1:]
-        if opened.note:
-            print(f"recallq: {opened.note}", file=sys.stderr)
-        if opened.how == "resumed":
-            print(
-                f"recallq: resuming run {opened.run_id}: {_still_to_score(runtime, opened.run_id)} "
-                "(--fresh starts over)",
-                file=sys.stderr,
-            )
-        elif opened.how == "finished":
-            print(
-                f"recallq: this file was scored already in run {opened.run_id}; showing it "
-                "(--fresh scores it again)",
-                file=sys.stderr,
-            )
         try:
+            if opened.note:
+                print(f"recallq: {opened.note}", file=sys.stderr)
+            if opened.how == "resumed":
+                still = _still_to_score(runtime, opened.run_id)
+                print(
+                    f"recallq: resuming run {opened.run_id}: {still} (--fresh starts over)",
+                    file=sys.stderr,
+                )
+            elif opened.how == "finished":
+                print(
+                    f"recallq: this file was scored already in run {opened.run_id}; showing it "
+                    "(--fresh scores it again)",
+                    file=sys.stderr,
+                )
             if model != LEXICAL:
                 from recallq import patches  # here: it imports litellm (~6 s), for LLM judges
 

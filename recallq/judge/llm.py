@@ -275,8 +275,9 @@ class LLMJudge:
         if isinstance(decision, Open):
             wait = max(0.0, decision.until - time.time()) + random.uniform(0.0, 2.0)
             raise ProviderUnavailable(
-                f"{decision.reason}: calls to {self.name} paused, next probe in {wait:.0f} s",
+                f"{decision.reason}: calls to {self.name} paused by its circuit breaker",
                 wait,
+                reason=decision.reason,
             )
         return decision if isinstance(decision, Probe) else None
 

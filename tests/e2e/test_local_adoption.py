@@ -18,7 +18,9 @@ from typing import Any
 
 import pytest
 
+from recallq.cli import main
 from recallq.cli.local_runs import INTERRUPT_GRACE_SECONDS
+from recallq.runs import RunService
 from tests.services import REPO, write_models_file
 
 DATA = REPO / "tests" / "data"
@@ -276,6 +278,30 @@ def test_ctrl_c_during_start_up_says_how_to_resume(tmp_path: Path, stub_env, cle
     assert "Traceback" not in message and f"recallq resume {run_id}" in message, message
     status = recallq("status", run_id, cwd=tmp_path, env=stub_env)
     assert f"interrupted: resume with recallq resume {run_id}" in status.stdout
+
+
+def test_ctrl_c_just_after_the_run_is_stored_says_how_to_resume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The signal lands after the submission committed and before it returned (CI's loaded
+    machine once sent it there): the run is kept, and the message says how to resume it."""
+    truth = GROUND_TRUTHS[0]
+    data = _jsonl(tmp_path / "just.jsonl", [{"id": "a", "ground_truth": truth, "context": [truth]}])
+    submit = RunService.submit
+
+    def interrupted_after_the_commit(self: RunService, spec: Any, items: Any) -> Any:
+        submit(self, spec, items)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(RunService, "submit", interrupted_after_the_commit)
+    for name in [name for name in os.environ if name.startswith("RECALLQ_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("RECALLQ_DATABASE_URL", f"sqlite:///{tmp_path / 'local.db'}")
+    monkeypatch.chdir(tmp_path)
+    assert main(["run", str(data)]) == 130
+    message = capsys.readouterr().err
+    (run_id,) = [row[0] for row in _rows(tmp_path / "local.db", "SELECT id FROM runs")]
+    assert "nothing was kept" not in message and f"recallq resume {run_id}" in message, message
 
 
 def test_the_first_run_says_what_its_judge_is_and_where_results_are(tmp_path: Path) -> None:

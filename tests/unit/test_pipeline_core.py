@@ -220,6 +220,30 @@ def test_a_provider_incident_waits_within_the_deadline_then_fails() -> None:
     assert failed.error.startswith("gave up after the run's retry deadline (60 s)")
 
 
+def test_a_wait_ends_at_the_deadline_for_a_last_try() -> None:
+    error = ProviderUnavailable("provider unavailable (503): 5 attempts failed", 30.0)
+    assert pipeline.after_error(error, None, 1000.0, 3.0) == Wait(1000.0, 3.0)
+    assert pipeline.after_error(error, 1000.0, 1002.5, 3.0) == Wait(1000.0, 0.5)
+    assert pipeline.wait_or_give_up("503", 1000.0, 1001.0, 3.0) == Wait(1000.0, None)
+
+
+def test_an_item_that_gives_up_reads_the_reason_not_the_last_calls_details() -> None:
+    """Failures group by their error: a countdown or an attempt count in it would split
+    one problem into many lines of a run's summary."""
+    errors = [
+        ProviderUnavailable(
+            f"connection refused: calls to m paused, next probe in {n} s",
+            float(n),
+            reason="connection refused",
+        )
+        for n in (5, 6)
+    ]
+    given_up = {pipeline.after_error(e, 900.0, 1000.0, 60.0) for e in errors}
+    assert given_up == {
+        Failed("gave up after the run's retry deadline (60 s) passed: connection refused")
+    }
+
+
 # --- a packed call's usage ----------------------------------------------------------------------
 
 

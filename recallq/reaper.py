@@ -21,7 +21,7 @@ import math
 import threading
 import time
 from collections.abc import Iterable, Sequence
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from redis import Redis
@@ -130,17 +130,9 @@ class Reaper:
         read_at = utcnow()
         waiting, unacked, holding = self._messages()
         with_message = waiting.union(holding, *(ids for _, ids in unacked.values()))
-        before = read_at - timedelta(seconds=SEND_MARGIN_S)
+        sent_by = read_at - timedelta(seconds=SEND_MARGIN_S)
         written_before = or_(
-            Item.lease_until.is_(None),
-            and_(
-                Item.status == ItemStatus.QUEUED,
-                Item.lease_until < before + timedelta(seconds=self._items.queue_lease_seconds),
-            ),
-            and_(
-                Item.status == ItemStatus.RUNNING,
-                Item.lease_until < before + timedelta(seconds=self._items.lease_seconds),
-            ),
+            Item.lease_until.is_(None), Item.lease_until < self._lease_end_if_written_at(sent_by)
         )
         total, after = 0, 0
         while True:
@@ -191,9 +183,7 @@ class Reaper:
         )
         if with_message is not None:
             candidates = or_(candidates, unsent)
-        # last written (a lease of either kind) over a heartbeat TTL ago
-        leases = min(self._items.queue_lease_seconds, self._items.lease_seconds)
-        quiet_before = now + timedelta(seconds=leases - self.heartbeat.ttl)
+        quiet_before = self._lease_end_if_written_at(now - timedelta(seconds=self.heartbeat.ttl))
         if dead_held:
             candidates = or_(candidates, and_(Item.id.in_(dead_held), Item.status.in_(IN_FLIGHT)))
         with self._db.session() as session:
@@ -235,6 +225,13 @@ class Reaper:
         found = [row.id for row in rows if lost(row)]
         left = {row.id for row in rows if row.id in dead_held} - set(found)
         return found[:BATCH], left
+
+    def _lease_end_if_written_at(self, moment: datetime) -> datetime:
+        """The earliest end of a lease taken at `moment`, of either kind (a running item has
+        a queue lease between stages, a stage's lease during one): an item whose lease ends
+        before it was last written before `moment`."""
+        shortest = min(self._items.queue_lease_seconds, self._items.lease_seconds)
+        return moment + timedelta(seconds=shortest)
 
 
 def _holding(

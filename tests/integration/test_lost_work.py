@@ -254,10 +254,13 @@ def test_after_a_loss_an_item_written_as_the_broker_was_read_waits_for_its_messa
     redis.flushall()
     runtime.heartbeat.beat()
     released = _queued_item(runtime)  # its message is about to be sent (SentNowhere: never)
+    extracted = _between_stages(runtime)  # its attribution's message, likewise
+    owner = _item(runtime, extracted).owner
     assert reaper.sweep() == 0
     assert _item(runtime, released).owner is None
-    _written_ago(runtime, [released], runtime.settings.heartbeat_ttl + 1)
-    assert reaper.sweep() == 1  # the regular sweep: released a TTL ago, still no message
+    assert _item(runtime, extracted).owner == owner  # not taken over
+    _written_ago(runtime, [released, extracted], runtime.settings.heartbeat_ttl + 1)
+    assert reaper.sweep() == 2  # the regular sweep: written a TTL ago, still no message
 
 
 def _written_ago(runtime: Runtime, item_ids: list[int], seconds: float) -> None:

@@ -249,17 +249,22 @@ def open_file_run(
     hands its key to the new one, so the next plain `recallq run` resumes the new one."""
     return open_run(
         runtime,
-        dataclasses.replace(spec, idempotency_key=run_key(path, spec, mapping)),
+        _keyed(path, spec, mapping),
         lambda: dataset.items_from(path, mapping=mapping),
         fresh,
     )
+
+
+def _keyed(path: Path, spec: ingest.RunSpec, mapping: Mapping[str, str]) -> ingest.RunSpec:
+    """The spec with the idempotency key of a local run of this file (run_key)."""
+    return dataclasses.replace(spec, idempotency_key=run_key(path, spec, mapping))
 
 
 def file_run_id(
     runtime: Runtime, path: Path, spec: ingest.RunSpec, mapping: Mapping[str, str]
 ) -> str | None:
     """The id of the run open_file_run makes or resumes for this file, once it is stored."""
-    keyed = dataclasses.replace(spec, idempotency_key=run_key(path, spec, mapping))
+    keyed = _keyed(path, spec, mapping)
     with runtime.database.session() as session:
         found = ingest.find_by_idempotency_key(session, keyed)
         return None if found is None else found.id

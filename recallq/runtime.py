@@ -31,7 +31,7 @@ from recallq.coordination.breaker import (
     RedisCircuitBreaker,
 )
 from recallq.coordination.gate import CallGate, OpenGate, RedisCallGate
-from recallq.coordination.liveness import WORKER_ID, Heartbeat, new_owner_token
+from recallq.coordination.liveness import Heartbeat, new_owner_token, this_process_id
 from recallq.coordination.ratelimit import RateLimiter, RedisRateLimiter, Unlimited
 from recallq.db import Database
 from recallq.engine import Engine, WorkQueue
@@ -54,7 +54,7 @@ class LocalOwners:
     """One process: nobody else can hold an item, so a message for a held item is lost work."""
 
     def new_token(self) -> str:
-        return new_owner_token(WORKER_ID)
+        return new_owner_token(this_process_id())
 
     def holder_alive(self, owner: str) -> bool:
         return False
@@ -91,7 +91,7 @@ class Runtime:
         queue: WorkQueue,
         *,
         pre_ping: bool = True,
-        worker_id: str = WORKER_ID,
+        worker_id: str | None = None,
         judges: Mapping[str, Judge] | None = None,
     ) -> Runtime:
         """Postgres and Redis, shared with every other process. Workers pass pre_ping=False
@@ -110,7 +110,7 @@ class Runtime:
                 spent_of=partial(queries.run_spent, database),
             ),
             redis=redis,
-            heartbeat=Heartbeat(redis, settings.heartbeat_ttl, worker_id),
+            heartbeat=Heartbeat(redis, settings.heartbeat_ttl, worker_id or this_process_id()),
             judges_given=judges or {},
         )
 

@@ -17,11 +17,16 @@ from redis import Redis, RedisError
 from recallq import metrics
 from recallq.coordination import keys
 
-WORKER_ID = f"{socket.gethostname()}:{os.getpid()}"
 FORGET_AFTER = 86400.0  # a worker silent this long leaves the list of workers
 
 
-def new_owner_token(worker_id: str = WORKER_ID) -> str:
+def this_process_id() -> str:
+    """Who this process is, read when asked: a process forked from a parent that imported
+    recallq (`recallq worker --processes`, the tests' launcher) must not be its parent."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def new_owner_token(worker_id: str) -> str:
     """Marks one taking of an item: the worker's id, then a unique part."""
     return f"{worker_id}/{uuid.uuid4().hex[:12]}"
 
@@ -33,7 +38,7 @@ def worker_of(owner: str) -> str:
 class Heartbeat:
     """This worker's heartbeat in Redis, and other workers' liveness."""
 
-    def __init__(self, redis: Redis, ttl: float, worker_id: str = WORKER_ID) -> None:
+    def __init__(self, redis: Redis, ttl: float, worker_id: str) -> None:
         self._redis = redis
         self.ttl = ttl
         self.worker_id = worker_id
@@ -104,7 +109,7 @@ class HeldItems:
     always precedes; an item finished since the last beat may still be in it, and requeueing
     an ended item changes nothing (recallq.store)."""
 
-    def __init__(self, redis: Redis, worker_id: str = WORKER_ID) -> None:
+    def __init__(self, redis: Redis, worker_id: str) -> None:
         self._redis = redis
         self._key = keys.held_items(worker_id)
         self._counts: Counter[int] = Counter()

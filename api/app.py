@@ -23,16 +23,17 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from api import errors, guards, label_pages, labels, metrics, pages, schemas
+from api import errors, guards, label_pages, metrics, pages, schemas
+from api import label_routes as labels
 from api.body import SpoolBudget
 from api.routes import router
 from api.streams import StreamSlots
-from recallq import broker
-from recallq.apikeys import KeyStore
 from recallq.coordination.submissions import SubmissionLimiter
-from recallq.redact import install_log_redaction, redact_url
-from recallq.runtime import Runtime
+from recallq.core.redact import install_log_redaction, redact_url
+from recallq.execution import celery_queue as broker
+from recallq.execution.runtime import Runtime
 from recallq.settings import read_settings
+from recallq.state.apikeys import KeyStore
 
 log = logging.getLogger(__name__)
 STATIC = Path(__file__).parent / "static"

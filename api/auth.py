@@ -17,8 +17,8 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from api.errors import HttpError
-from recallq.apikeys import DEFAULT_PROJECT, KeyStore, Principal
-from recallq.runtime import Runtime
+from recallq.execution.runtime import Runtime
+from recallq.state.apikeys import DEFAULT_PROJECT, KeyStore, Principal
 
 DEFAULT_PRINCIPAL = Principal(None, DEFAULT_PROJECT, "admin")
 CHALLENGE = {"WWW-Authenticate": 'Bearer realm="recallq"'}

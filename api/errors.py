@@ -2,7 +2,7 @@
 else as a 500 of the same shape that says nothing about the request or the server.
 
 Failed requests are logged without their bodies (nothing here reads one), and every log line
-is redacted where it is made (recallq.redact.install_log_redaction).
+is redacted where it is made (recallq.core.redact.install_log_redaction).
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from recallq.ingest import SubmissionError
-from recallq.quotas import QuotaExceeded
-from recallq.runs import RunConflict
-from recallq.store import RunNotFound
+from recallq.core.groups import UnknownField
+from recallq.runs.ingest import SubmissionError
+from recallq.runs.quotas import QuotaExceeded
+from recallq.runs.service import RunConflict
+from recallq.state.runs import RunNotFound
 
 log = logging.getLogger(__name__)
 
@@ -86,7 +87,11 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(RunNotFound)
     async def _run_not_found(request: Request, exc: RunNotFound) -> JSONResponse:
-        return error_response(404, "not_found", f"run {str(exc.args[0])[:80]} not found")
+        return error_response(404, "not_found", str(exc))
+
+    @app.exception_handler(UnknownField)
+    async def _unknown_field(request: Request, exc: UnknownField) -> JSONResponse:
+        return error_response(422, "unknown_field", str(exc))
 
     @app.exception_handler(RunConflict)
     async def _run_conflict(request: Request, exc: RunConflict) -> JSONResponse:

@@ -18,7 +18,6 @@ from urllib.parse import quote, urlencode
 import anyio.to_thread
 from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
-from sqlalchemy.orm import Session
 
 from api import page_auth
 from api.pages import (
@@ -29,17 +28,17 @@ from api.pages import (
     _can_write,
     _checked_post,
     _form,
+    _found,
+    _labels,
     _not_found,
+    _project,
     _reader,
+    _reads,
     _render,
-    _run_brief,
-    _run_or_404,
-    _runtime,
 )
-from recallq import labels, queries
-from recallq.apikeys import Principal
-from recallq.runs import find_run, plausible_id
-from recallq.tables import Run
+from recallq.labels.store import MAX_SAMPLE, MAX_SEED, VERDICTS, LabelError
+from recallq.state.apikeys import Principal
+from recallq.state.runs import plausible_id
 
 router = APIRouter(include_in_schema=False)
 DEFAULT_SAMPLE = 200
@@ -68,13 +67,13 @@ def label_page(
     request: Request, run_id: str, at: str | None = None, prev: str | None = None
 ) -> Response:
     browser = _reader(request)
-    runtime = _runtime(request)
+    reads, labels, project = _reads(request), _labels(request), _project(browser)
     context: dict[str, Any] = {"step": None, "previous": None, "steps": 0}
-    with runtime.database.session() as session:
-        run = _run_or_404(session, browser, run_id)
-        drawn = labels.sample_of(session, run.id)
+    with _found():
+        run = reads.brief(run_id, project)
+        drawn = labels.walk(run_id, project)
         if drawn is not None:
-            steps = labels.walk(session, run, drawn.item_keys)
+            steps = drawn.steps
             position = _position(at, "at", len(steps))
             previous = _position(prev, "prev", len(steps))
             if position is None:
@@ -88,7 +87,7 @@ def label_page(
             }
             if position is not None and steps:
                 step = steps[position]
-                item = queries.get_item(session, run.id, step.item_key)
+                item = reads.item(run_id, project, step.item_key)
                 assert item is not None  # the sample's items are the run's
                 claim = next(c for c in item["claims"] if c["index"] == step.claim_index)
                 context |= {
@@ -96,14 +95,14 @@ def label_page(
                     "step": step,
                     "item": item,
                     "claim": claim,
-                    "label": labels.item_labels(session, run.id, step.item_key).get(
+                    "label": labels.item_labels(run_id, project, step.item_key).get(
                         step.claim_index
                     ),
                     "items_done": len({s.item_key for s in steps[:position]}),
                 }
             if previous is not None:
                 before = steps[previous]
-                item = queries.get_item(session, run.id, before.item_key, item_data=False)
+                item = reads.item(run_id, project, before.item_key, item_data=False)
                 assert item is not None
                 context["previous"] = {
                     "position": previous,
@@ -115,11 +114,11 @@ def label_page(
         request,
         browser,
         "label.html",
-        run=_run_brief(run),
+        run=run,
         sample=drawn is not None,
         can_write=_can_write(browser),
         default_size=DEFAULT_SAMPLE,
-        run_url=_run_url(run.id),
+        run_url=_run_url(run["id"]),
         **context,
     )
 
@@ -147,33 +146,25 @@ async def label_post(request: Request, run_id: str) -> Response:
     if not plausible_id(item_id) or not _whole(index, 9):
         raise _bad_request("the form names no claim")
     verdict = form.get("verdict", "")
-    if verdict not in labels.VERDICTS and verdict != "clear":
+    if verdict not in VERDICTS and verdict != "clear":
         raise _bad_request("the answer must be yes or no")
-    runtime = _runtime(request)
+    labels = _labels(request)
 
-    def store() -> str:
-        with runtime.database.session() as session:
-            run = _run(session, who.project, run_id)
+    def store() -> None:
+        with _found():
             try:
                 if verdict == "clear":
-                    labels.clear_label(session, run.id, item_id, int(index))
+                    labels.clear(run_id, who.project, item_id, int(index))
                 else:
-                    labels.set_label(
-                        session,
-                        run.id,
-                        item_id,
-                        int(index),
-                        verdict,
-                        form.get("note") or None,
-                        who.key_id,
-                    )
-            except labels.LabelError as exc:
+                    note = form.get("note") or None
+                    labels.set(run_id, who.project, item_id, int(index), verdict, note, who.key_id)
+            except LabelError as exc:
                 if exc.status == 404:
                     raise _not_found("claim") from None
                 raise _bad_request(exc.message) from None
-            return run.id
 
-    found = await anyio.to_thread.run_sync(store)
+    await anyio.to_thread.run_sync(store)
+    found = run_id
     if form.get("back") == "item":
         target = f"{_run_url(found)}/items/{quote(item_id, safe='')}"
     else:
@@ -188,27 +179,16 @@ async def label_post(request: Request, run_id: str) -> Response:
 async def sample_post(request: Request, run_id: str) -> Response:
     form, who = await _writer_form(request, run_id)
     size, seed = form.get("size", ""), form.get("seed", "0") or "0"
-    if not _whole(size, 6) or not _whole(seed, 16) or int(seed) > labels.MAX_SEED:
-        raise _bad_request(
-            f"the sample size must be 1 to {labels.MAX_SAMPLE}, the seed 0 to {labels.MAX_SEED}"
-        )
-    runtime = _runtime(request)
+    if not _whole(size, 6) or not _whole(seed, 16) or int(seed) > MAX_SEED:
+        raise _bad_request(f"the sample size must be 1 to {MAX_SAMPLE}, the seed 0 to {MAX_SEED}")
+    labels = _labels(request)
 
-    def draw() -> str:
-        with runtime.database.session() as session:
-            run = _run(session, who.project, run_id)
+    def draw() -> None:
+        with _found():
             try:
-                labels.draw_sample(session, run, int(size), int(seed), who.key_id)
-            except labels.LabelError as exc:
+                labels.draw_sample(run_id, who.project, int(size), int(seed), who.key_id)
+            except LabelError as exc:
                 raise _bad_request(exc.message) from None
-            return run.id
 
-    found = await anyio.to_thread.run_sync(draw)
-    return RedirectResponse(f"{_run_url(found)}/label", status_code=303, headers=PAGE_HEADERS)
-
-
-def _run(session: Session, project: str, run_id: str) -> Run:
-    run = find_run(session, run_id, project)
-    if run is None:
-        raise _not_found()
-    return run
+    await anyio.to_thread.run_sync(draw)
+    return RedirectResponse(f"{_run_url(run_id)}/label", status_code=303, headers=PAGE_HEADERS)

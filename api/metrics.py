@@ -5,7 +5,7 @@ project): with RECALLQ_METRICS_TOKEN set, a client sending `Authorization: Beare
 unset, clients on this host only (loopback; uvicorn takes the client from X-Forwarded-For only
 when a proxy on this host sends it, so a local proxy does not open it to everyone). The page
 carries counts and timings by model, stage, outcome and route template: never a key, a prompt,
-an item's text or an id (recallq.metrics).
+an item's text or an id (recallq.observability.metrics).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import time
+from functools import partial
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -20,8 +21,10 @@ from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from api.errors import HttpError
-from recallq import metrics, metrics_state
-from recallq.runtime import Runtime
+from recallq.execution import work
+from recallq.execution.runtime import Runtime
+from recallq.observability import gauges as metrics_state
+from recallq.observability import metrics
 
 # a method a client invents is one series more: anything else is "other"
 METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
@@ -31,7 +34,11 @@ def install(app: FastAPI, runtime: Runtime) -> None:
     """The route, the request timing, and the state this process reports when scraped."""
     models = runtime.models.keys
     collectors: list[Collector] = [
-        metrics_state.WorkCollector(runtime.database, models, runtime.heartbeat)
+        metrics_state.WorkCollector(
+            partial(work.read_work, runtime.database),
+            models,
+            None if runtime.heartbeat is None else runtime.heartbeat.live_workers,
+        )
     ]
     if runtime.redis is not None:  # the breakers' state is shared in Redis
         collectors.append(metrics_state.BreakerCollector(runtime.breaker, models))

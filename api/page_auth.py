@@ -1,6 +1,6 @@
 """Who a browser is on the web pages: a signed session cookie, and CSRF tokens for its forms.
 
-Signing in checks a key exactly as the JSON API does (recallq.apikeys.KeyStore.authenticate)
+Signing in checks a key exactly as the JSON API does (recallq.state.apikeys.KeyStore.authenticate)
 and sets a cookie `KEY_ID.EXPIRES.NONCE.MAC`: the key's id, when the session ends, a random
 session id, and an HMAC of the three keyed with the key's stored hash (and
 RECALLQ_SESSION_SECRET when set). The key itself
@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from fastapi import Request, Response
 
 from api.auth import DEFAULT_PRINCIPAL
-from recallq.apikeys import KeyStore, Principal, hash_key
-from recallq.runtime import Runtime
+from recallq.execution.runtime import Runtime
+from recallq.state.apikeys import KeyStore, Principal, hash_key
 
 COOKIE = "recallq_session"
 SESSION_SECONDS = 12 * 3600

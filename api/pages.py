@@ -1,6 +1,7 @@
 """The web pages: runs, a run, its items, an item, two runs compared; sign-in; cancel and retry.
 
-HTML over the same queries as the JSON API (recallq.queries), rendered with the viewer's
+HTML over the same reads as the JSON API (recallq.runs.reads, recallq.labels.service), rendered
+with the viewer's
 templates (recallq.viewer), in the same process and project scoping as /v1: another project's
 run is the same 404 page as an unknown one. Who the browser is and the CSRF tokens of its
 forms: api.page_auth. Every query parameter is bounded and checked here; a bad one is a 400
@@ -12,8 +13,9 @@ from __future__ import annotations
 import functools
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import replace
 from typing import Any, TypeVar
 from urllib.parse import parse_qs, quote, urlencode
@@ -23,20 +25,21 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 from redis.exceptions import RedisError
-from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from api import page_auth
 from api.body import Pace, paced_chunks
 from api.page_auth import Browser
-from recallq import compare as ab
-from recallq import inputs, labels, queries, viewer
-from recallq.groups import UnknownField
-from recallq.runs import RunConflict, RunService, compare_with_labels, find_run, plausible_id
-from recallq.runtime import Runtime
-from recallq.status import RUN_ACTIVE, PublicItemStatus, RunStatus
-from recallq.store import RunNotFound
-from recallq.tables import Run
+from recallq import viewer
+from recallq.core import compare as ab
+from recallq.core import inputs
+from recallq.core.groups import UnknownField
+from recallq.core.status import RUN_ACTIVE, PublicItemStatus, RunStatus
+from recallq.execution.runtime import Runtime
+from recallq.labels.service import LabelService
+from recallq.runs import comparisons, item_views, run_views
+from recallq.runs.reads import RunReads
+from recallq.runs.service import RunConflict, RunService
+from recallq.state.runs import RunNotFound
 from recallq.viewer.figures import MAX_SCATTER_POINTS
 
 log = logging.getLogger(__name__)
@@ -102,6 +105,14 @@ def install(app: FastAPI) -> None:
 def _runtime(request: Request) -> Runtime:
     runtime: Runtime = request.app.state.runtime
     return runtime
+
+
+def _reads(request: Request) -> RunReads:
+    return RunReads.of(_runtime(request))
+
+
+def _labels(request: Request) -> LabelService:
+    return LabelService(_runtime(request).database)
 
 
 def _render(
@@ -259,28 +270,8 @@ def _item_href(run_id: str) -> Callable[[str], str]:
     return lambda key: f"/runs/{quote(run_id, safe='')}/items/{quote(key, safe='')}"
 
 
-def _run_brief(run: Run) -> dict[str, Any]:
-    """What a page about a run's items shows of the run (no aggregate over its items)."""
-    return {
-        "id": run.id,
-        "name": run.name,
-        "model": run.model,
-        "scale": run.scale,
-        "status": run.status,
-        "counts": {"total": run.total_items},
-    }
-
-
-def _run_view(runtime: Runtime, session: Session, run: Run) -> tuple[dict[str, Any], str | None]:
-    """The run object as GET /v1/runs/{id} gives it, and a notice when Redis (which says why
-    an active run waits) cannot be asked: the rest comes from the database."""
-    try:
-        return runtime.run_view(session, run), None
-    except RedisError:
-        view = queries.run_view(session, run)
-        view["waiting"] = None
-        notice = "Redis cannot be reached now: whether this run waits on its provider is unknown."
-        return view, notice if run.status in RUN_ACTIVE else None
+#: What a run page says when Redis, which says why an active run waits, cannot be asked.
+REDIS_UNKNOWN = "Redis cannot be reached now: whether this run waits on its provider is unknown."
 
 
 # --- sign-in -----------------------------------------------------------------------------
@@ -350,16 +341,14 @@ def runs_page(
     browser = _reader(request)
     status = _choice(status, "status", RUN_STATUSES)
     name = _text(name, "name")
-    after = _cursor(cursor, queries.decode_run_cursor)
-    runtime = _runtime(request)
-    with runtime.database.session() as session:
-        runs, next_cursor = queries.list_runs(
-            session, _project(browser), status=status, name=name, limit=RUNS_PAGE, after=after
-        )
+    after = _cursor(cursor, run_views.decode_run_cursor)
+    runs, next_cursor = _reads(request).list_runs(
+        _project(browser), status=status, name=name, limit=RUNS_PAGE, after=after
+    )
     next_url = None
     if next_cursor is not None:
         query = {"status": status or "", "name": name or ""}
-        query["cursor"] = queries.encode_run_cursor(next_cursor) or ""
+        query["cursor"] = run_views.encode_run_cursor(next_cursor) or ""
         next_url = "/?" + urlencode({k: v for k, v in query.items() if v})
     return _render(
         request,
@@ -378,32 +367,31 @@ def runs_page(
 _SCANS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="run-page-scan")
 
 
-def _group_summary(runtime: Runtime, run_id: str, by: str) -> dict[str, dict[str, Any]] | str:
+def _group_summary(
+    reads: RunReads, run_id: str, project: str, by: str
+) -> dict[str, dict[str, Any]] | str:
     """The summary by `by`, or the line saying no item has that field."""
-    with runtime.database.session() as session:
-        try:
-            return queries.group_summary(session, run_id, by)
-        except UnknownField as exc:
-            return str(exc)
+    try:
+        return reads.group_summary(run_id, project, by)
+    except UnknownField as exc:
+        return str(exc)
 
 
 @router.get("/runs/{run_id}", response_class=HTMLResponse)
 def run_page(request: Request, run_id: str, by: str | None = None) -> Response:
     browser = _reader(request)
     by = _text(by, "by")
-    runtime = _runtime(request)
+    reads, project = _reads(request), _project(browser)
     groups: Future[dict[str, dict[str, Any]] | str] | None = None
-    with runtime.database.session() as session:
-        run = _run_or_404(session, browser, run_id)
-        fields = queries.metadata_fields(session, run.id)
+    with _found():
+        fields = reads.metadata_fields(run_id, project)
         if by is None and fields:
             by = fields[0]
         if fields and by:
-            groups = _SCANS.submit(_group_summary, runtime, run.id, by)
-        view, notice = _run_view(runtime, session, run)
-        agreement = (
-            labels.agreement_view(session, run) if labels.has_labels(session, run.id) else None
-        )
+            groups = _SCANS.submit(_group_summary, reads, run_id, project, by)
+        view = reads.view(run_id, project)
+        agreement = _labels(request).agreement_if_labelled(run_id, project)
+    notice = REDIS_UNKNOWN if view["waiting_unknown"] else None
     if by is not None and by not in fields:
         fields = [*fields, by]
     active = view["status"] in RUN_ACTIVE
@@ -423,7 +411,7 @@ def run_page(request: Request, run_id: str, by: str | None = None) -> Response:
         groups=None if groups is None else groups.result(),  # a str: no item has `by`
         refresh_seconds=REFRESH_SECONDS if active else None,
         agreement=agreement,
-        item_url=_item_href(run.id),
+        item_url=_item_href(view["id"]),
     )
 
 
@@ -508,21 +496,22 @@ def items_page(
     cursor: str | None = None,
 ) -> Response:
     browser = _reader(request)
-    runtime = _runtime(request)
-    with runtime.database.session() as session:
-        run = _run_or_404(session, browser, run_id)
-        where = queries.ItemFilter(
-            status=_choice(status, "status", ITEM_STATUSES),
-            min_score=_score_bound(min_score, "min_score", run.scale),
-            max_score=_score_bound(max_score, "max_score", run.scale),
-            text=_text(q, "q"),
-            sort=_choice(sort, "sort", ("score", "-score")),
-        )
-        after = _cursor(
-            cursor, functools.partial(queries.decode_items_cursor, by_score=where.by_score)
-        )
-        table = queries.items_table(session, run.id, where, ITEMS_PAGE, after)
-    base = f"/runs/{quote(run.id, safe='')}/items"
+    reads, project = _reads(request), _project(browser)
+    with _found():
+        run = reads.brief(run_id, project)
+    where = item_views.ItemFilter(
+        status=_choice(status, "status", ITEM_STATUSES),
+        min_score=_score_bound(min_score, "min_score", run["scale"]),
+        max_score=_score_bound(max_score, "max_score", run["scale"]),
+        text=_text(q, "q"),
+        sort=_choice(sort, "sort", ("score", "-score")),
+    )
+    after = _cursor(
+        cursor, functools.partial(item_views.decode_items_cursor, by_score=where.by_score)
+    )
+    with _found():
+        table = reads.items_table(run_id, project, where, ITEMS_PAGE, after)
+    base = f"/runs/{quote(run['id'], safe='')}/items"
     query = {
         "status": where.status,
         "min_score": min_score if where.min_score is not None else None,
@@ -533,14 +522,14 @@ def items_page(
     kept = {name: value for name, value in query.items() if value}
     next_url = None
     if table.cursor is not None:
-        cursor_text = queries.encode_items_cursor(table.cursor) or ""
+        cursor_text = item_views.encode_items_cursor(table.cursor) or ""
         next_url = base + "?" + urlencode({**kept, "cursor": cursor_text})
     first_url = (base + ("?" + urlencode(kept) if kept else "")) if after is not None else None
     return _render(
         request,
         browser,
         "items.html",
-        run=_run_brief(run),
+        run=run,
         items=table.rows,
         searched_to=table.searched_to,
         matched=table.matched,
@@ -550,7 +539,7 @@ def items_page(
         filters=where,
         statuses=ITEM_STATUSES,
         max_text=MAX_PARAM,
-        item_url=_item_href(run.id),
+        item_url=_item_href(run["id"]),
         next_url=next_url,
         first_url=first_url,
     )
@@ -559,18 +548,18 @@ def items_page(
 @router.get("/runs/{run_id}/items/{item_id:path}", response_class=HTMLResponse)
 def item_page(request: Request, run_id: str, item_id: str) -> Response:
     browser = _reader(request)
-    runtime = _runtime(request)
-    with runtime.database.session() as session:
-        run = _run_or_404(session, browser, run_id)
-        item = queries.get_item(session, run.id, item_id) if plausible_id(item_id) else None
+    reads, project = _reads(request), _project(browser)
+    with _found():
+        run = reads.brief(run_id, project)
+        item = reads.item(run_id, project, item_id)
         if item is None:
             raise _not_found("item")
-        human_labels = labels.item_labels(session, run.id, item_id)
+        human_labels = _labels(request).item_labels(run_id, project, item_id)
     return _render(
         request,
         browser,
         "item.html",
-        run=_run_brief(run),
+        run=run,
         item=item,
         human_labels=human_labels,
         can_write=_can_write(browser),
@@ -580,36 +569,23 @@ def item_page(request: Request, run_id: str, item_id: str) -> Response:
 # --- comparing ---------------------------------------------------------------------------
 
 
-def _run_choices(session: Session, project: str) -> list[dict[str, Any]]:
-    """The project's newest runs for the compare form: id, name, created (no aggregates)."""
-    rows = session.execute(
-        select(Run.id, Run.name, Run.created_at)
-        .where(Run.project == project)
-        .order_by(Run.created_at.desc(), Run.id.desc())
-        .limit(COMPARE_CHOICES)
-    )
-    return [
-        {"id": run_id, "name": name, "created_at": created.isoformat()}
-        for run_id, name, created in rows
-    ]
-
-
-def _run_or_404(session: Session, browser: Browser, run_id: str) -> Run:
-    """The browser's project's run; another project's is the same 404 page as none."""
-    run = find_run(session, run_id, _project(browser))
-    if run is None:
-        raise _not_found()
-    return run
+@contextmanager
+def _found() -> Iterator[None]:
+    """Another project's run is the same 404 page as an unknown one."""
+    try:
+        yield
+    except RunNotFound:
+        raise _not_found() from None
 
 
 def _two_runs(
-    session: Session, project: str, base: str | None, candidate: str | None
-) -> tuple[Run, Run]:
-    base_run = find_run(session, _text(base, "base") or "", project)
-    candidate_run = find_run(session, _text(candidate, "candidate") or "", project)
-    if base_run is None or candidate_run is None:
-        raise _not_found()
-    return base_run, candidate_run
+    reads: RunReads, project: str, base: str | None, candidate: str | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    with _found():
+        return (
+            reads.brief(_text(base, "base") or "", project),
+            reads.brief(_text(candidate, "candidate") or "", project),
+        )
 
 
 @router.get("/compare", response_class=HTMLResponse)
@@ -618,20 +594,23 @@ def compare_page(
 ) -> Response:
     browser = _reader(request)
     project = _project(browser)
-    runtime = _runtime(request)
+    reads = _reads(request)
     result = None
     scale = None
-    with runtime.database.session() as session:
-        choices = _run_choices(session, project)
-        if base and candidate:
-            base_run, candidate_run = _two_runs(session, project, base, candidate)
-            try:
-                result = compare_with_labels(
-                    session, base_run, candidate_run, top=COMPARE_TOP, pairs=MAX_SCATTER_POINTS
-                )
-            except queries.IncomparableRuns as exc:
-                raise _bad_request(str(exc)) from None
-            scale = base_run.scale
+    choices = reads.choices(project, COMPARE_CHOICES)
+    if base and candidate:
+        base_run, candidate_run = _two_runs(reads, project, base, candidate)
+        try:
+            result = reads.compare(
+                base_run["id"],
+                candidate_run["id"],
+                project,
+                top=COMPARE_TOP,
+                pairs=MAX_SCATTER_POINTS,
+            )
+        except comparisons.IncomparableRuns as exc:
+            raise _bad_request(str(exc)) from None
+        scale = base_run["scale"]
     chosen = {run["id"] for run in choices}
     if result is not None:
         # runs older than the newest COMPARE_CHOICES stay selectable when compared
@@ -668,15 +647,13 @@ def compare_item_page(
     request: Request, item_id: str, base: str | None = None, candidate: str | None = None
 ) -> Response:
     browser = _reader(request)
-    runtime = _runtime(request)
-    with runtime.database.session() as session:
-        base_run, candidate_run = _two_runs(session, _project(browser), base, candidate)
-        found = plausible_id(item_id)
-        base_item = queries.get_item(session, base_run.id, item_id) if found else None
-        candidate_item = queries.get_item(session, candidate_run.id, item_id) if found else None
-        if base_item is None and candidate_item is None:
-            raise _not_found("item")
-        base_view, candidate_view = _run_brief(base_run), _run_brief(candidate_run)
+    reads, project = _reads(request), _project(browser)
+    base_view, candidate_view = _two_runs(reads, project, base, candidate)
+    with _found():
+        base_item = reads.item(base_view["id"], project, item_id)
+        candidate_item = reads.item(candidate_view["id"], project, item_id)
+    if base_item is None and candidate_item is None:
+        raise _not_found("item")
     flipped: set[str] = set()
     if base_item is not None and candidate_item is not None:
         flips = ab.flipped_claims(_verdicts(base_item), _verdicts(candidate_item))
@@ -688,5 +665,6 @@ def compare_item_page(
         item_id=item_id,
         flipped=flipped,
         sides=[("base", base_view, base_item), ("candidate", candidate_view, candidate_item)],
-        compare_url="/compare?" + urlencode({"base": base_run.id, "candidate": candidate_run.id}),
+        compare_url="/compare?"
+        + urlencode({"base": base_view["id"], "candidate": candidate_view["id"]}),
     )

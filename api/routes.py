@@ -18,18 +18,19 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import AfterValidator
 from redis.exceptions import RedisError
 from sqlalchemy import text
-from sqlalchemy.orm import Session
 
 from api import schemas, streams
 from api.auth import AdminProject, Caller, Project, WriteProject, Writer
 from api.body import Pace, SpooledUpload, read_json_body, spool_ndjson
 from api.errors import HttpError, not_found
-from recallq import export, ingest, inputs, queries, scoring
-from recallq.apikeys import Principal
-from recallq.runs import MAX_ID_LENGTH, RunService, find_run, plausible_id
-from recallq.runtime import Runtime
-from recallq.status import PublicItemStatus, RunStatus
-from recallq.tables import Run
+from recallq.core import export, inputs, scoring
+from recallq.core.status import PublicItemStatus, RunStatus
+from recallq.execution.runtime import Runtime
+from recallq.runs import comparisons, ingest, item_views, run_views
+from recallq.runs.reads import RunReads
+from recallq.runs.service import RunService
+from recallq.state.apikeys import Principal
+from recallq.state.runs import MAX_ID_LENGTH
 
 log = logging.getLogger(__name__)
 router = APIRouter()
@@ -48,15 +49,13 @@ def _service(request: Request) -> RunService:
     return RunService(_runtime(request))
 
 
+def _reads(request: Request) -> RunReads:
+    return RunReads.of(_runtime(request))
+
+
 Rt = Annotated[Runtime, Depends(_runtime)]
 Runs = Annotated[RunService, Depends(_service)]
-
-
-def _run_or_404(session: Session, run_id: str, project: str) -> Run:
-    run = find_run(session, run_id, project)
-    if run is None:
-        raise not_found(f"run {run_id[:80]}")
-    return run
+Reads = Annotated[RunReads, Depends(_reads)]
 
 
 # --- submissions ----------------------------------------------------------------------------
@@ -263,25 +262,27 @@ MetadataField = Annotated[
     responses={200: {"model": schemas.RunsPage}, **errors(401, 422)},
 )
 def list_runs(
-    service: Runs,
+    reads: Reads,
     project: Project,
     status: RunStatus | None = None,
     name: Annotated[str | None, Query(max_length=200, description="exact run name")] = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor: Annotated[
         str | None,
-        Query(max_length=200, json_schema_extra={"pattern": queries.RUN_CURSOR_PATTERN}),
+        Query(max_length=200, json_schema_extra={"pattern": run_views.RUN_CURSOR_PATTERN}),
     ] = None,
 ) -> dict[str, Any]:
     """The project's runs, newest first: `{"runs": [run objects], "next_cursor": ...}`."""
     after = None
     if cursor:
         try:
-            after = queries.decode_run_cursor(cursor)
+            after = run_views.decode_run_cursor(cursor)
         except ValueError:
             raise HttpError(422, "invalid_cursor", "cursor is not one this API returned") from None
-    views, next_cursor = service.list_runs(project, status, name, limit, after)
-    return {"runs": views, "next_cursor": queries.encode_run_cursor(next_cursor)}
+    views, next_cursor = reads.list_runs(
+        project, status=status, name=name, limit=limit, after=after
+    )
+    return {"runs": views, "next_cursor": run_views.encode_run_cursor(next_cursor)}
 
 
 @router.get(
@@ -290,9 +291,9 @@ def list_runs(
     responses={200: {"model": schemas.RunView}, **errors(401, 404, 422)},
 )
 def get_run(
-    run_id: str, service: Runs, project: Project, by: MetadataField = None
+    run_id: str, reads: Reads, project: Project, by: MetadataField = None
 ) -> dict[str, Any]:
-    return service.view(run_id, project, by)
+    return reads.view(run_id, project, by=by)
 
 
 @router.get(
@@ -301,7 +302,7 @@ def get_run(
     responses={200: {"model": schemas.Comparison}, **errors(400, 401, 404, 422)},
 )
 def compare_runs(
-    service: Runs,
+    reads: Reads,
     project: Project,
     base: Annotated[str, Query(max_length=MAX_ID_LENGTH, description="run compared against")],
     candidate: Annotated[str, Query(max_length=MAX_ID_LENGTH, description="the run compared")],
@@ -314,8 +315,8 @@ def compare_runs(
     verdict flipped. 404 when a run is not the caller's; 400 when the runs have different
     scales."""
     try:
-        return service.compare(base, candidate, project, by=by, top=top)
-    except queries.IncomparableRuns as exc:
+        return reads.compare(base, candidate, project, by=by, top=top)
+    except comparisons.IncomparableRuns as exc:
         raise HttpError(400, "incomparable_runs", str(exc)) from None
 
 
@@ -330,7 +331,7 @@ def _decode_cursor(cursor: str | None) -> int | None:
                 index = int(decoded)
         except ValueError:
             pass
-    if not 0 <= index <= queries.MAX_INDEX:
+    if not 0 <= index <= item_views.MAX_INDEX:
         raise HttpError(422, "invalid_cursor", "cursor is not one this API returned")
     return index
 
@@ -359,7 +360,7 @@ Cursor = Annotated[
 )
 def list_items(
     run_id: str,
-    runtime: Rt,
+    reads: Reads,
     project: Project,
     status: PublicItemStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
@@ -367,9 +368,9 @@ def list_items(
     item_data: ItemData = True,
 ) -> dict[str, Any]:
     after = _decode_cursor(cursor)
-    with runtime.database.session() as session:
-        _run_or_404(session, run_id, project)
-        items, next_index = queries.items_page(session, run_id, status, limit, after, item_data)
+    items, next_index = reads.items(
+        run_id, project, status=status, limit=limit, after=after, item_data=item_data
+    )
     return {"items": items, "next_cursor": _encode_cursor(next_index)}
 
 
@@ -380,31 +381,20 @@ def list_items(
     responses={200: {"model": schemas.ItemView}, **errors(401, 404, 422)},
 )
 def get_item(
-    run_id: str, item_id: str, runtime: Rt, project: Project, item_data: ItemData = True
+    run_id: str, item_id: str, reads: Reads, project: Project, item_data: ItemData = True
 ) -> dict[str, Any]:
-    with runtime.database.session() as session:
-        _run_or_404(session, run_id, project)
-        found = plausible_id(item_id)
-        item = queries.get_item(session, run_id, item_id, item_data) if found else None
+    item = reads.item(run_id, project, item_id, item_data)
     if item is None:
         raise not_found(f"item {item_id[:80]}")
     return item
 
 
-def _check_run(runtime: Runtime, run_id: str, project: str) -> None:
-    with runtime.database.session() as session:
-        _run_or_404(session, run_id, project)
-
-
-def _results_page(
-    runtime: Runtime, run_id: str, format: str, item_data: bool
-) -> streams.RenderPage:
+def _results_page(reads: RunReads, run_id: str, format: str, item_data: bool) -> streams.RenderPage:
     """The pages of a result stream, each read in its own short transaction and rendered, in
     a worker thread (rendering a page is CPU work the event loop should not do)."""
 
     def render(after: int | None, limit: int, first: bool) -> tuple[bytes, int, int | None]:
-        with runtime.database.session() as session:
-            page, after = queries.items_page(session, run_id, None, limit, after, item_data)
+        page, after = reads.results(run_id, after, limit, item_data)
         text = "".join(export.lines(page, format, header=first))
         return text.encode(), len(page), after
 
@@ -438,13 +428,14 @@ async def results(
     bytes (api.streams): a reader that stalls holds no transaction, no pooled connection, no
     thread and about half a megabyte while it stalls. A key has a few streams at once (429
     beyond, `RECALLQ_MAX_RESULT_STREAMS_PER_KEY`)."""
-    await anyio.to_thread.run_sync(_check_run, runtime, run_id, principal.project)
+    reads = RunReads.of(runtime)
+    await anyio.to_thread.run_sync(reads.run, run_id, principal.project)
     slots: streams.StreamSlots = request.app.state.result_streams
     key = principal.key_id or ANONYMOUS
     slots.take(key)
     media = export.MEDIA_TYPES[format]
     headers = {"Content-Disposition": f'attachment; filename="{run_id}.{format}"'}
-    pages = streams.paged_bytes(_results_page(runtime, run_id, format, item_data))
+    pages = streams.paged_bytes(_results_page(reads, run_id, format, item_data))
     stall = runtime.settings.results_stall_timeout
     return streams.SlottedStream(slots, key, stall, pages, media_type=media, headers=headers)
 
@@ -473,7 +464,7 @@ def cancel_run(run_id: str, service: Runs, project: WriteProject) -> JSONRespons
 )
 def retry_run(run_id: str, service: Runs, project: WriteProject) -> JSONResponse:
     retried = service.retry(run_id, project)
-    return JSONResponse({**service.view(run_id, project), "retried_items": retried}, 202)
+    return JSONResponse({**service.reads.view(run_id, project), "retried_items": retried}, 202)
 
 
 RESUME_BODY = {
@@ -523,7 +514,7 @@ async def resume_run(
                 "through; retry the resume",
                 {"Retry-After": "10"},
             ) from None
-        return {**service.view(run_id, project), "resumed_items": resumed}
+        return {**service.reads.view(run_id, project), "resumed_items": resumed}
 
     return JSONResponse(await anyio.to_thread.run_sync(resume), 202)
 

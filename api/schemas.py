@@ -1,6 +1,6 @@
 """The shapes the HTTP API sends and takes, for its OpenAPI document.
 
-They document; they do not filter: routes return the read models of recallq.queries as they
+They document; they do not filter: routes return the read models of recallq.runs.queries as they
 are, and these models allow extra fields, so a field added there is never dropped on the way
 out (the spec only promises the fields listed here).
 """
@@ -11,9 +11,10 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from recallq import ingest, scoring
-from recallq.context import AGENT_INPUT_KEYS
-from recallq.status import PublicItemStatus, RunStatus
+from recallq.core import scoring
+from recallq.core.context import AGENT_INPUT_KEYS
+from recallq.core.status import PublicItemStatus, RunStatus
+from recallq.runs import ingest
 
 
 class _Open(BaseModel):
@@ -267,7 +268,7 @@ NO_NUL: dict[str, Any] = {"pattern": "^[^\\u0000]*$"}
 _NON_BLANK = {"type": "string", "pattern": r"\S"}
 #: A run is refused (422 no_context) when no item can resolve a context; the served schema
 #: says which bodies can: an item with its own context, a static context with a passage, or
-#: a context_extractor and an agent-shaped item (recallq.context.can_resolve_any).
+#: a context_extractor and an agent-shaped item (recallq.core.context.can_resolve_any).
 CONTEXT_SOURCES: Any = {
     "anyOf": [
         {

@@ -10,9 +10,9 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
-from recallq import context as ctx
-from recallq.compare import ItemScores, compare
-from recallq.redact import Redactor
+from recallq.core import context as ctx
+from recallq.core.compare import ItemScores, compare
+from recallq.core.redact import Redactor
 
 Row = tuple[str, ...]
 # each stage refers to the last one ten times: 10^12 copies of the item after 12 stages

@@ -81,12 +81,12 @@ def litellm_cpu_ms(stub_base_url: str, calls: int = 200) -> float:
     """CPU of one call through recallq's litellm judge (litellm's own cost included)."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     from recallq.coordination.breaker import LocalCircuitBreaker
-    from recallq.coordination.gate import OpenGate
+    from recallq.coordination.call_gate import OpenGate
     from recallq.coordination.ratelimit import Unlimited
+    from recallq.core.usage import Usage
+    from recallq.judge.backoff import RetryPolicy
     from recallq.judge.llm import LLMJudge
-    from recallq.judge_models import ModelConfig
-    from recallq.retry import RetryPolicy
-    from recallq.usage import Usage
+    from recallq.judge.models import ModelConfig
 
     config = ModelConfig(
         "stub-judge",

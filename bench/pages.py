@@ -5,7 +5,7 @@ written straight into a fresh Postgres database with COPY, as the workers would 
 them (scoring 100k items for real takes half an hour: the `big` section does that), then
 VACUUM ANALYZEd as autovacuum would soon after such a load. The API serves them (keys off, as
 every bench section runs); each page and its /v1 twin is requested over HTTP: first with no view of
-the runs kept (recallq.kept: the first view of a completed run computes it), then warmed up and
+the runs kept (recallq.state.kept: the first view of a completed run computes it), then warmed up and
 timed (median and p95, the views kept), against the issue's bound of 300 ms.
 """
 
@@ -203,7 +203,7 @@ def seed(database_url: str, n: int) -> tuple[str, str, float]:
 
 
 def forget_kept_views(database_url: str) -> None:
-    """Delete every kept view (recallq.kept), so that the next request computes its view."""
+    """Delete every kept view (recallq.state.kept), so that the next request computes its view."""
     with psycopg.connect(database_url.replace("postgresql+psycopg://", "postgresql://")) as conn:
         conn.execute("DELETE FROM kept_views")
 

@@ -2,7 +2,7 @@
 
 The API's CPU (psutil) is compared between windows of the same length with and without
 scrapes, alternating, while two workers score the run (the API answers the run's status polls
-in both). The work-waiting query is cached for recallq.metrics_state.CACHE_SECONDS, so scrapes are
+in both). The work-waiting query is cached for recallq.observability.gauges.CACHE_SECONDS, so scrapes are
 timed at Prometheus's shortest usual interval (1 s: one in five runs the query) and, apart,
 the query itself (uncached) from this process against the same database.
 """
@@ -13,13 +13,15 @@ import argparse
 import statistics
 import threading
 import time
+from functools import partial
 from typing import Any
 
 import httpx
 
 from bench import harness
-from recallq import metrics_state
-from recallq.db import Database
+from recallq.execution import work
+from recallq.observability import gauges as metrics_state
+from recallq.state.db import Database
 
 WINDOW_S = 5.0
 
@@ -76,7 +78,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
 
 def _uncached_query_ms(database_url: str) -> float:
     """The work-waiting read (metrics_state.WorkCollector) run here, uncached, median of 20."""
-    collector = metrics_state.WorkCollector(Database(database_url), lambda: [harness.MODEL])
+    collector = metrics_state.WorkCollector(
+        partial(work.read_work, Database(database_url)), lambda: [harness.MODEL]
+    )
     times = []
     for _ in range(20):
         started = time.perf_counter()

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from alembic import context
 
-from recallq.db import make_engine
 from recallq.settings import Settings
-from recallq.tables import Base
+from recallq.state.db import make_engine
+from recallq.state.tables import Base
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url") or Settings().database_url

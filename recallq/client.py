@@ -22,9 +22,9 @@ from urllib.parse import quote
 
 import httpx
 
-from recallq import display
+from recallq.core.status import RUN_ENDED
 from recallq.results import claims_frame, items_frame
-from recallq.status import RUN_ENDED
+from recallq.viewer import text as display
 
 NDJSON = "application/x-ndjson"
 #: Run statuses after which nothing changes by itself.
@@ -118,12 +118,12 @@ class Client:
         read here, field aliases and `mapping` applied, and streamed as NDJSON, so a file of
         any size is sent in constant memory. `claims_from`: an earlier run whose items'
         claims this run's items take (by id) and only attribute. An error in the data raises
-        recallq.dataset.DatasetError, naming the file and line.
+        recallq.runs.dataset.DatasetError, naming the file and line.
         """
         from os import PathLike
         from pathlib import Path
 
-        from recallq import dataset
+        from recallq.runs import dataset
 
         if name is None and isinstance(data, str | PathLike):
             name = Path(data).name

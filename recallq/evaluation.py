@@ -2,7 +2,7 @@
 
 It needs no server, Redis, Celery or litellm (litellm is imported only when the judge is an
 LLM). Runs are stored where `recallq run` stores them: RECALLQ_DATABASE_URL, by default the
-SQLite file `recallq.db` in the working directory, so they can be listed, compared and gated
+SQLite file `recallq.state.db` in the working directory, so they can be listed, compared and gated
 from the CLI afterwards (`recallq runs`), and the claim cache makes a second evaluation of the
 same ground truths with an LLM judge cost one call per item instead of two. Pass
 `database_url=` to keep them elsewhere. The Result holds everything in memory.
@@ -16,7 +16,7 @@ from os import PathLike
 from pathlib import Path
 from typing import Any
 
-from recallq.judge_models import LEXICAL
+from recallq.judge.models import LEXICAL
 from recallq.results import Result
 
 RUN_FIELDS = ("name", "scale", "context", "context_extractor", "retry_deadline_s", "claims_from")
@@ -47,12 +47,14 @@ def evaluate(
     run fields and mapping finds its run again: a finished run is returned as it is (no judge
     call), an interrupted one is resumed. `fresh=True` scores it again in a new run.
 
-    Raises ValueError (recallq.dataset.DatasetError or recallq.ingest.SubmissionError) for
+    Raises ValueError (recallq.runs.dataset.DatasetError or recallq.runs.ingest.SubmissionError) for
     input it cannot use, before any judge call. On KeyboardInterrupt the run is kept, and
     `recallq resume RUN` continues it.
     """
-    from recallq import dataset, ingest, local, migrate, queries, runs
+    from recallq.runs import dataset, ingest, item_views, local
+    from recallq.runs import service as runs
     from recallq.settings import read_settings
+    from recallq.state import migrate
 
     unknown = set(run_fields) - set(RUN_FIELDS)
     if unknown:
@@ -102,7 +104,7 @@ def evaluate(
             )
             raise
         with runtime.database.session() as session:
-            items = list(queries.iter_results(session, run_id))
+            items = list(item_views.iter_results(session, run_id))
         return Result(view, items)
     finally:
         runner.stop(wait=False)

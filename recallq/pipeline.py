@@ -16,9 +16,9 @@ received, to what happens to the item next. Pure: no I/O, no clock, no model cal
                                      ─► Wait │ Failed
                                      (the run's retry deadline, in seconds)
 
-Two drivers apply these decisions: the online engine (recallq.engine) one call after the
-other, the provider batch lane (recallq.batch_lane, recallq.batch_requests) one batch after
-the other. The score and its reason are recallq.scoring's.
+Two drivers apply these decisions: the online engine (recallq.execution.engine) one call after the
+other, the provider batch lane (recallq.batch.lane, recallq.batch.requests) one batch after
+the other. The score and its reason are recallq.core.scoring's.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from recallq import scoring
-from recallq.errors import JudgeError, MalformedAnswer, TryLater
+from recallq.core import scoring
+from recallq.core.errors import JudgeError, MalformedAnswer, TryLater
+from recallq.core.usage import Usage
 from recallq.judge import protocol
 from recallq.judge.base import PackedReply, Repair
-from recallq.usage import Usage
 
 __all__ = [
     "AskAgain",

@@ -10,10 +10,10 @@ import importlib
 from collections.abc import Iterable
 from typing import Any
 
-from recallq import compare as ab
-from recallq import export
-from recallq.groups import GroupedItem, check_field, summarise_groups
-from recallq.status import PublicItemStatus
+from recallq.core import compare as ab
+from recallq.core import export
+from recallq.core.groups import GroupedItem, check_field, summarise_groups
+from recallq.core.status import PublicItemStatus
 
 #: Columns of Result.to_pandas(): the CSV export's, without the claims (claims_to_pandas).
 ITEM_FRAME_COLUMNS = [column for column in export.ITEM_COLUMNS if column != "claims"]

@@ -1,7 +1,7 @@
 """The one settings reader: environment variables prefixed RECALLQ_.
 
 Each process reads them once, where it starts (the CLI, the API app, a worker), into the
-runtime it passes down (see recallq.runtime).
+runtime it passes down (see recallq.execution.runtime).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from recallq.judge.protocol import AnswerLimits
 
-DEFAULT_LOCAL_DATABASE_URL = "sqlite:///recallq.db"
+DEFAULT_LOCAL_DATABASE_URL = "sqlite:///recallq.state.db"
 DEFAULT_RETRY_DEADLINE = 6 * 3600.0
 
 
@@ -68,7 +68,7 @@ class Settings(BaseSettings):
     api_url: str | None = None
     api_key: str | None = None
 
-    # the provider batch lane (batch-mode runs; recallq.batch_lane)
+    # the provider batch lane (batch-mode runs; recallq.batch.lane)
     batch_poll_interval: float = 30.0  # how often one worker polls the providers' batches
     batch_max_requests: int = 50_000  # requests in one batch input file (OpenAI's limit)
     batch_max_bytes: int = 200 * 1024 * 1024  # size of one batch input file (OpenAI's limit)

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
-from recallq.errors import JudgeError
+from recallq.core.errors import JudgeError
+from recallq.core.outcomes import Taken
+from recallq.core.usage import Usage
 from recallq.judge.base import JudgeReply, PackedReply, Repair
-from recallq.outcomes import Taken
-from recallq.usage import Usage
 
 
 class ScriptedJudge:

@@ -62,7 +62,7 @@ class PostgresDatabase:
 @contextmanager
 def migrated_database(admin_url: str = PG_ADMIN_URL) -> Iterator[str]:
     """A throwaway database at the head revision; yields its URL."""
-    from recallq import migrate
+    from recallq.state import migrate
 
     with PostgresDatabase(admin_url) as database:
         migrate.upgrade(database.url)

@@ -13,11 +13,15 @@ from dataclasses import dataclass, field
 
 from celery import Celery
 
-from recallq import broker, metrics, metrics_state, patches
+from recallq import patches
 from recallq.coordination.liveness import HeldItems
-from recallq.reaper import HandBack
-from recallq.redact import install_log_redaction
-from recallq.runtime import Runtime
+from recallq.core.redact import install_log_redaction
+from recallq.execution import celery_queue as broker
+from recallq.execution.reaper import HandBack
+from recallq.execution.runtime import Runtime
+from recallq.observability import gauges as metrics_state
+from recallq.observability import metrics
+from recallq.runs.run_views import keep_view
 from recallq.settings import Settings
 
 app = Celery("recallq", include=["worker.tasks", "worker.housekeeping"])
@@ -53,9 +57,10 @@ def start(settings: Settings, metrics_address: tuple[str, int] | None = None) ->
     broker.configure(app, settings.redis_url)
     # No pre-ping before each transaction: an outage already hands the message back.
     queue = broker.CeleryQueue(app, settings.extraction_pack)
-    _state = WorkerState.build(Runtime.distributed(settings, queue, pre_ping=False))
+    runtime = Runtime.distributed(settings, queue, pre_ping=False)
+    runtime.on_completed = keep_view
+    _state = WorkerState.build(runtime)
     # provider errors are redacted before they are stored; this covers every log line too
-    runtime = _state.runtime
     install_log_redaction(runtime.redactor)
     if metrics_address is not None:
         models = runtime.models.keys

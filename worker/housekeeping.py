@@ -17,7 +17,7 @@ from typing import Any
 
 from celery import signals
 
-from recallq.batch_lane import BatchLane
+from recallq.batch.lane import BatchLane
 from recallq.coordination import keys
 from recallq.coordination.periodic import ExclusiveTurn, Periodic, run_periodically
 from worker.celery_app import WorkerState, state

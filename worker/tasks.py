@@ -24,9 +24,9 @@ import redis
 import sqlalchemy.exc
 from celery.exceptions import Reject
 
-from recallq import broker
-from recallq.broker import items_named
-from recallq.outcomes import Taken
+from recallq.core.outcomes import Taken
+from recallq.execution import celery_queue as broker
+from recallq.execution.celery_queue import items_named
 from worker.celery_app import app, runtime, state
 
 log = logging.getLogger(__name__)

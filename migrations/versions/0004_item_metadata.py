@@ -1,6 +1,6 @@
 """item metadata, and runs listed newest first
 
-Items keep the submitted record's other fields (`metadata`, recallq.dataset), and
+Items keep the submitted record's other fields (`metadata`, recallq.runs.dataset), and
 `GET /v1/runs` pages a project's runs by creation time.
 
 Revision ID: 0004

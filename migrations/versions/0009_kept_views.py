@@ -19,7 +19,7 @@ depends_on = None
 def upgrade() -> None:
     # A completed run's items no longer change (until a retry re-opens it, which sets a new
     # finished_at, part of each key): its run object's aggregates, group summaries and
-    # comparisons are computed once (recallq.kept) instead of on every read of 100k items.
+    # comparisons are computed once (recallq.state.kept) instead of on every read of 100k items.
     op.create_table(
         "kept_views",
         sa.Column("key", sa.String(64), primary_key=True),

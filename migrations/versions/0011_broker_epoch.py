@@ -18,7 +18,7 @@ depends_on = None
 
 def upgrade() -> None:
     # A worker that starts after Redis lost its data cannot tell from Redis alone that
-    # anything was lost; this row outlives Redis (recallq.coordination.epoch.BrokerEpochs).
+    # anything was lost; this row outlives Redis (recallq.execution.broker_epoch.BrokerEpochs).
     op.create_table(
         "broker_epoch",
         sa.Column("name", sa.String(16), primary_key=True),

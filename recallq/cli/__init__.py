@@ -1,6 +1,6 @@
 """The `recallq` command.
 
-Exit codes (recallq.gates): 0 ok; 1 items failed, a gate was missed, or the run did not end;
+Exit codes (recallq.core.gates): 0 ok; 1 items failed, a gate was missed, or the run did not end;
 2 the command could not run (usage, input, unknown run, unreachable API or database); 130
 interrupted. Every error is one line on stderr (`recallq --debug ...` shows the traceback).
 
@@ -21,11 +21,11 @@ from sqlalchemy.exc import DBAPIError
 
 from recallq.cli.parser import build_parser
 from recallq.client import ApiError
-from recallq.dataset import DatasetError
-from recallq.gates import CommandError
-from recallq.ingest import SubmissionError
-from recallq.judge_models import JudgeModelsError
-from recallq.redact import redact_url
+from recallq.core.gates import CommandError
+from recallq.core.redact import redact_url
+from recallq.judge.models import JudgeModelsError
+from recallq.runs.dataset import DatasetError
+from recallq.runs.ingest import SubmissionError
 from recallq.settings import Settings, read_settings
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")

@@ -12,15 +12,19 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import quote
 
-from recallq import export, labels, local, queries
 from recallq.client import Client
-from recallq.db import Database, is_sqlite
-from recallq.display import database_label
-from recallq.gates import CommandError
-from recallq.groups import UnknownField
-from recallq.runs import RunService, compare_with_labels
+from recallq.core import export
+from recallq.core.gates import CommandError
+from recallq.core.groups import UnknownField
+from recallq.labels.service import LabelService
+from recallq.labels.store import LabelError
+from recallq.runs import comparisons, local
+from recallq.runs.reads import RunReads
+from recallq.runs.service import RunService
 from recallq.settings import Settings
-from recallq.tables import Run
+from recallq.state.db import Database, is_sqlite
+from recallq.state.runs import RunNotFound
+from recallq.viewer.text import database_label
 
 DEFAULT_API_URL = "http://127.0.0.1:8000"
 PROJECT = local.PROJECT
@@ -81,61 +85,59 @@ class ApiBackend:
 
 
 class LocalBackend:
+    """The local database, read through the same run and label services as the API."""
+
     def __init__(self, settings: Settings, database: Database | None = None) -> None:
         self.settings = settings
         self.database = database or open_local_database(settings)
         self.where = local_database(settings)
+        self.reads = RunReads(self.database, local=True)
 
-    def _run(self, session: Any, run_id: str) -> Any:
-        run = session.get(Run, run_id)
-        if run is None or run.project != PROJECT:
-            raise CommandError(not_found(run_id, self.settings))
-        return run
+    @contextmanager
+    def _answering(self) -> Iterator[None]:
+        """The services' errors as the CLI's one line."""
+        try:
+            yield
+        except RunNotFound as exc:
+            raise CommandError(not_found(exc.run_id, self.settings)) from None
+        except (UnknownField, comparisons.IncomparableRuns, LabelError) as exc:
+            raise CommandError(str(exc)) from None
 
     def runs(self, status: str | None, name: str | None, limit: int) -> list[dict[str, Any]]:
-        with self.database.session() as session:
-            views, _ = queries.list_runs(session, PROJECT, status=status, name=name, limit=limit)
-            local.mark_interrupted(session, views)
+        views, _ = self.reads.list_runs(PROJECT, status=status, name=name, limit=limit)
         return views
 
     def view(self, run_id: str, by: str | None = None) -> dict[str, Any]:
-        with self.database.session() as session:
-            view = queries.run_view(session, self._run(session, run_id))
-            local.mark_interrupted(session, [view])
-            if by is not None:
-                try:
-                    view["by_group"] = queries.group_summary(session, run_id, by)
-                except UnknownField as exc:
-                    raise CommandError(str(exc)) from None
-        return view
+        with self._answering():
+            return self.reads.view(run_id, PROJECT, by=by)
 
     def results(self, run_id: str, format: str, item_data: bool) -> Iterator[bytes]:
-        with self.database.session() as session:
-            self._run(session, run_id)
-        with self.database.session() as session:
-            results = queries.iter_results(session, run_id, item_data=item_data)
-            for line in export.lines(results, format):
+        with self._answering():
+            self.reads.run(run_id, PROJECT)
+        after: int | None = None
+        first = True
+        while True:
+            page, after = self.reads.results(run_id, after, 500, item_data)
+            for line in export.lines(page, format, header=first):
                 yield line.encode()
+            first = False
+            if after is None:
+                return
 
     def compare(self, base: str, candidate: str, by: str | None) -> dict[str, Any]:
-        with self.database.session() as session:
-            base_run, candidate_run = self._run(session, base), self._run(session, candidate)
-            try:
-                return compare_with_labels(session, base_run, candidate_run, by=by)
-            except queries.IncomparableRuns as exc:
-                raise CommandError(str(exc)) from None
+        with self._answering():
+            return self.reads.compare(base, candidate, PROJECT, by=by)
 
     def item(self, run_id: str, item_id: str) -> dict[str, Any]:
-        with self.database.session() as session:
-            self._run(session, run_id)
-            found = queries.get_item(session, run_id, item_id)
+        with self._answering():
+            found = self.reads.item(run_id, PROJECT, item_id)
         if found is None:
             raise CommandError(f"item {item_id} not found in run {run_id}")
         return found
 
     def cancel(self, run_id: str) -> dict[str, Any]:
-        with self.database.session() as session:
-            self._run(session, run_id)
+        with self._answering():
+            self.reads.run(run_id, PROJECT)
         runtime, runner = local.local_runtime(self.settings, 1)
         try:
             return RunService(runtime, local=True).cancel(run_id, PROJECT).view
@@ -144,8 +146,8 @@ class LocalBackend:
             runtime.close()
 
     def agreement(self, run_id: str) -> dict[str, Any]:
-        with self.database.session() as session:
-            return labels.agreement_view(session, self._run(session, run_id))
+        with self._answering():
+            return LabelService(self.database).agreement(run_id, PROJECT)
 
     def close(self) -> None:
         self.database.dispose()
@@ -210,7 +212,7 @@ def open_local_database(settings: Settings) -> Database:
     """The local database the client commands read when no API is configured. A missing SQLite
     file is an error (reading must not create one); a SQLite file from an older recallq is
     upgraded, as `recallq run` would (a Postgres database is left to `recallq migrate`)."""
-    from recallq import migrate  # here: alembic costs start-up only this path needs
+    from recallq.state import migrate  # here: alembic costs start-up only this path needs
 
     url = settings.database_url
     if is_sqlite(url):

@@ -10,9 +10,9 @@ import json
 import sys
 from datetime import UTC, datetime
 
-from recallq.apikeys import InvalidKeyRequest, KeyStore
-from recallq.db import Database
-from recallq.tables import as_utc
+from recallq.state.apikeys import InvalidKeyRequest, KeyStore
+from recallq.state.db import Database
+from recallq.state.tables import as_utc
 
 
 def _key_store(args: argparse.Namespace) -> KeyStore:
@@ -67,7 +67,7 @@ def list_keys(args: argparse.Namespace) -> int:
             info.role,
             f"{info.prefix}…",
             "revoked" if info.revoked_at else "active",
-            # written at most once a minute (recallq.apikeys.LAST_USED_RESOLUTION)
+            # written at most once a minute (recallq.state.apikeys.LAST_USED_RESOLUTION)
             _minute(as_utc(info.last_used_at) if info.last_used_at else None),
             info.label or "",
         )

@@ -1,7 +1,7 @@
 """The CLI's local runs: `recallq run FILE`, and `recallq resume|retry RUN` without an API.
 
 One process scores the run (SQLite by default, an in-process runner), prints a summary and
-exits with the code of recallq.gates. Ctrl-C stops it cleanly: the run stays resumable, the
+exits with the code of recallq.core.gates. Ctrl-C stops it cleanly: the run stays resumable, the
 command to resume it is printed, and the exit code is 130.
 """
 
@@ -15,19 +15,23 @@ import sys
 from pathlib import Path
 from typing import Any, TextIO
 
-from recallq import dataset, display, gates, local, migrate, queries, runs
 from recallq.cli.backends import LocalBackend, not_found, open_local_database
 from recallq.cli.reports import REPORT_LOWEST, write_report
-from recallq.gates import CommandError, Exit
-from recallq.groups import UnknownField
-from recallq.ingest import SubmissionError
-from recallq.judge_models import LEXICAL
-from recallq.local import LocalRunner
-from recallq.runs import RunConflict, RunService
-from recallq.runtime import Runtime
+from recallq.core import gates
+from recallq.core.gates import CommandError, Exit
+from recallq.core.groups import UnknownField
+from recallq.core.status import RUN_ENDED, PublicItemStatus
+from recallq.execution.local_queue import LocalRunner
+from recallq.execution.runtime import Runtime
+from recallq.judge.models import LEXICAL
+from recallq.runs import comparisons, dataset, local
+from recallq.runs import service as runs
+from recallq.runs.ingest import SubmissionError
+from recallq.runs.service import RunConflict, RunService
 from recallq.settings import Settings
-from recallq.status import RUN_ENDED, PublicItemStatus
-from recallq.tables import Run
+from recallq.state import migrate
+from recallq.state.tables import Run
+from recallq.viewer import text as display
 
 LOCAL_BATCH_REFUSED = (
     "--batch needs the service: a provider batch can take up to 24 hours, and a worker polls "
@@ -65,7 +69,7 @@ def report(
 
 def rejected_file(path: Path, code: str, message: str) -> str | None:
     """The line for a file none of whose items has a context: named by the file, with the
-    fields it has. None for any other refusal (an empty file is recallq.dataset's)."""
+    fields it has. None for any other refusal (an empty file is recallq.runs.dataset's)."""
     if code != "no_context":
         return None
     try:
@@ -253,7 +257,7 @@ def _score(
     if by:
         with runtime.database.session() as session:
             try:
-                groups = queries.group_summary(session, run_id, by)
+                groups = comparisons.group_summary(session, run_id, by)
             except UnknownField as exc:  # the run is scored: say so, and show the rest
                 print(f"recallq: --by: {exc}", file=sys.stderr)
     return report(view, gates.Gate.of(args), sys.stdout, by=by, groups=groups, footer=footer)

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from recallq import display
-from recallq.gates import CommandError
+from recallq.core.gates import CommandError
+from recallq.viewer import text as display
 
 
 def print_json(value: Any) -> None:

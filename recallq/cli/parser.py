@@ -10,10 +10,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from recallq.cli import labels
+from recallq.cli import label_commands as labels
 from recallq.cli.backends import add_api_option
 from recallq.cli.reports import MAX_REPORT_LOWEST, REPORT_LOWEST
-from recallq.status import RunStatus
+from recallq.core.status import RunStatus
 
 
 def _command(module: str, name: str) -> Callable[[argparse.Namespace], int]:

@@ -14,16 +14,17 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from recallq import display, gates
 from recallq.cli import local_runs
 from recallq.cli.backends import DEFAULT_API_URL, api_url, nothing_found, open_backend
 from recallq.cli.output import output_file, print_json, print_run
 from recallq.cli.reports import write_report
 from recallq.client import ApiError, Client
-from recallq.gates import CommandError, Exit
-from recallq.ingest import SubmissionError
+from recallq.core import gates
+from recallq.core.gates import CommandError, Exit
+from recallq.core.status import RUN_ACTIVE, RunStatus
+from recallq.runs.ingest import SubmissionError
 from recallq.settings import Settings
-from recallq.status import RUN_ACTIVE, RunStatus
+from recallq.viewer import text as display
 
 # --- commands --------------------------------------------------------------------------------
 
@@ -31,7 +32,7 @@ from recallq.status import RUN_ACTIVE, RunStatus
 def submit(args: argparse.Namespace) -> int:
     """Send a file to the API as a new run; with --wait, poll until it ends and exit as
     `recallq run` does (run id on stderr, the final run object on stdout)."""
-    from recallq import dataset
+    from recallq.runs import dataset
 
     if not args.file.exists():
         raise CommandError(f"no such file: {args.file}")
@@ -215,9 +216,10 @@ def delete(args: argparse.Namespace) -> int:
 
 def estimate(args: argparse.Namespace) -> int:
     """Items, judge calls, tokens and cost of a run of this file, without running it."""
-    from recallq import dataset, ingest, runs
-    from recallq.db import Database, is_sqlite
-    from recallq.judge_models import JudgeModelsError, load_models
+    from recallq.judge.models import JudgeModelsError, load_models
+    from recallq.runs import dataset, ingest
+    from recallq.runs import service as runs
+    from recallq.state.db import Database, is_sqlite
 
     settings: Settings = args.settings
     if not args.file.exists():
@@ -264,8 +266,8 @@ def _estimate_without_database(spec: Any, items: Any, settings: Any, models: Any
     from sqlalchemy import create_engine
     from sqlalchemy.orm import Session
 
-    from recallq import ingest
-    from recallq.tables import Base
+    from recallq.runs import ingest
+    from recallq.state.tables import Base
 
     engine = create_engine("sqlite://")
     Base.metadata.create_all(engine)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import argparse
 import socket
 
-from recallq.display import database_label
-from recallq.gates import CommandError
+from recallq.core.gates import CommandError
+from recallq.viewer.text import database_label
 
 
 def _check_free(host: str, port: int) -> None:
@@ -30,7 +30,7 @@ def _check_schema(url: str) -> None:
     A database not reachable now is left to the process, which retries it as it runs."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from recallq import migrate as migrations  # here: alembic is for these commands only
+    from recallq.state import migrate as migrations  # here: alembic is for these commands only
 
     try:
         problem = migrations.schema_problem(url)
@@ -61,7 +61,7 @@ def api(args: argparse.Namespace) -> int:
 
 def worker(args: argparse.Namespace) -> int:
     # here: Celery and the worker's modules cost a second of start-up the other commands skip
-    from recallq.broker import QUEUE
+    from recallq.execution.celery_queue import QUEUE
     from worker import celery_app
 
     settings = args.settings
@@ -87,7 +87,7 @@ def worker(args: argparse.Namespace) -> int:
 
 
 def migrate(args: argparse.Namespace) -> int:
-    from recallq import migrate as migrations  # here: alembic is for this command only
+    from recallq.state import migrate as migrations  # here: alembic is for this command only
 
     url = args.settings.database_url
     if args.downgrade:

@@ -45,8 +45,8 @@ from typing import Any, Literal, Protocol
 
 from redis import Redis
 
-from recallq import metrics
 from recallq.coordination import keys, scripts
+from recallq.observability import metrics
 
 # The window is counted in this many buckets (see the module docstring).
 _BUCKETS = 10

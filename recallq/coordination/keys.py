@@ -5,12 +5,12 @@ from __future__ import annotations
 PREFIX = "recallq:"
 
 #: The broker's epoch (a Redis run_id), also kept in Postgres: while Redis keeps its data,
-#: the two agree (recallq.coordination.epoch.BrokerEpochs).
+#: the two agree (recallq.execution.broker_epoch.BrokerEpochs).
 BROKER_EPOCH = PREFIX + "broker-epoch"
 #: Held by the one worker sweeping for lost work.
 REAPER_LOCK = PREFIX + "reaper-lock"
 #: The turn of the worker polling the provider batch lane this interval (its Postgres
-#: advisory lock, not this key, keeps polls from overlapping: see recallq.batch_store).
+#: advisory lock, not this key, keeps polls from overlapping: see recallq.batch.store).
 BATCH_LANE_POLL = PREFIX + "batch-lane-poll"
 
 

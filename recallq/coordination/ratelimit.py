@@ -15,9 +15,9 @@ from typing import Protocol
 
 from redis import Redis
 
-from recallq import metrics
 from recallq.coordination import keys, scripts
-from recallq.errors import RateLimited
+from recallq.core.errors import RateLimited
+from recallq.observability import metrics
 
 
 class RateLimiter(Protocol):

@@ -1,12 +1,12 @@
-"""What every judge speaks: judge protocol v1 shapes (what calls used is recallq.usage, their
-errors recallq.errors)."""
+"""What every judge speaks: judge protocol v1 shapes (what calls used is recallq.core.usage, their
+errors recallq.core.errors)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from recallq.usage import NO_USAGE, Usage
+from recallq.core.usage import NO_USAGE, Usage
 
 
 @dataclass(frozen=True)

@@ -7,15 +7,15 @@ import threading
 from collections.abc import Callable, Mapping
 
 from recallq.coordination.breaker import CircuitBreaker
-from recallq.coordination.gate import CallGate
+from recallq.coordination.call_gate import CallGate
 from recallq.coordination.ratelimit import RateLimiter
-from recallq.errors import PermanentJudgeError
+from recallq.core.errors import PermanentJudgeError
+from recallq.core.redact import Redactor
+from recallq.judge.backoff import RetryPolicy
 from recallq.judge.base import Judge
 from recallq.judge.lexical import LexicalJudge
+from recallq.judge.models import LEXICAL, JudgeModelsError, ModelConfig, pack_size
 from recallq.judge.protocol import DEFAULT_LIMITS, AnswerLimits
-from recallq.judge_models import LEXICAL, JudgeModelsError, ModelConfig, pack_size
-from recallq.redact import Redactor
-from recallq.retry import RetryPolicy
 
 
 class JudgeRegistry:
@@ -33,7 +33,7 @@ class JudgeRegistry:
         limits: AnswerLimits = DEFAULT_LIMITS,
     ) -> None:
         """`judges` are ready-made judges by name (tests put doubles of a provider here);
-        `redact` takes secrets out of provider error text and answers (see recallq.redact);
+        `redact` takes secrets out of provider error text and answers (see recallq.core.redact);
         `limits` bound what an answer may hold."""
         self.models = models
         self._limiter_for = limiter_for

@@ -1,7 +1,7 @@
 """The litellm adapter: any provider in the models file, speaking judge protocol v1.
 
 Importing this module imports litellm (about 6 s of CPU): only code that calls a model does.
-The only retry loop for judge calls lives in recallq.retry; litellm's and the OpenAI SDK's own
+The only retry loop for judge calls lives in recallq.judge.backoff; litellm's and the OpenAI SDK's own
 retries are switched off here so attempts never multiply. A judge call is one call (limits,
 call gate, circuit breaker, retries); an answer not in the schema's shape raises
 MalformedAnswer, and whether to send a repair request is recallq.pipeline's decision.
@@ -15,23 +15,24 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from recallq import metrics, patches
+from recallq import patches
 from recallq.coordination.breaker import CircuitBreaker, Open, Probe
-from recallq.coordination.gate import CallGate
+from recallq.coordination.call_gate import CallGate
 from recallq.coordination.ratelimit import RateLimiter
-from recallq.errors import (
+from recallq.core.errors import (
     JudgeError,
     MalformedAnswer,
     PermanentJudgeError,
     ProviderUnavailable,
     TransientJudgeError,
 )
+from recallq.core.redact import Redactor
+from recallq.core.usage import Usage
 from recallq.judge import protocol
+from recallq.judge.backoff import RetryPolicy, call_with_retries
 from recallq.judge.base import JudgeReply, PackedReply, Repair
-from recallq.judge_models import ModelConfig
-from recallq.redact import Redactor
-from recallq.retry import RetryPolicy, call_with_retries
-from recallq.usage import Usage
+from recallq.judge.models import ModelConfig
+from recallq.observability import metrics
 
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
 

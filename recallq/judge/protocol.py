@@ -8,7 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from recallq.outcomes import Stage
+from recallq.core.outcomes import Stage
 
 PROMPT_VERSION = "v1"
 EXTRACTION = "claim_extraction"
@@ -142,7 +142,7 @@ class AnswerLimits:
 
 DEFAULT_LIMITS = AnswerLimits()
 
-#: Takes secrets out of one text (a recallq.redact.Redactor); the identity when none is given.
+#: Takes secrets out of one text (a recallq.core.redact.Redactor); the identity when none is given.
 Redact = Callable[[str], str]
 
 

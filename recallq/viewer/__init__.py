@@ -2,7 +2,7 @@
 render the same Jinja2 templates and partials (templates/partials: the run summary, an item's
 claims and passages, the comparison), with the one stylesheet (static/viewer.css).
 
-Templates take the plain dicts of recallq.queries, so a page shows the numbers the JSON API
+Templates take the plain dicts of recallq.runs.queries, so a page shows the numbers the JSON API
 returns. Partials take an optional `item_url` (a callable: item id -> href) so the report can
 link within its own file.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import jinja2
 
-from recallq.agreement import MIN_CORRECTED_ITEMS
+from recallq.core.agreement import MIN_CORRECTED_ITEMS
 from recallq.viewer import figures, formatting
 
 STATIC_FILES = ("viewer.css", "viewer.js")

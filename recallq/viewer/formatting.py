@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
-from recallq.scoring import format_score
+from recallq.core.scoring import format_score
 
 
 def score(value: float | None) -> str:

@@ -284,7 +284,7 @@ def test_a_bad_item_read_mid_upload_stores_nothing(api_url: str) -> None:
     """The client reads and streams in one pass: the first bad item stops the upload, and the
     API, which stores a run in one transaction, keeps nothing of it."""
     import recallq
-    from recallq.dataset import DatasetError
+    from recallq.runs.dataset import DatasetError
 
     items: list[dict[str, Any]] = [
         {"id": f"i{n}", "ground_truth": "g", "context": ["c"]} for n in range(1500)

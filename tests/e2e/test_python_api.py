@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 import recallq
-from recallq.ingest import SubmissionError
+from recallq.runs.ingest import SubmissionError
 from tests.services import REPO
 
 DATA = REPO / "tests" / "data"

@@ -81,7 +81,7 @@ def test_evaluate_takes_claims_from_an_earlier_local_run(
     """The first run's judge is the lexical one, the second the stub: every stub extraction
     call is an item that did not inherit its claims."""
     import recallq
-    from recallq.ingest import SubmissionError
+    from recallq.runs.ingest import SubmissionError
 
     items: list[dict[str, Any]] = [
         {"id": f"q{i}", "ground_truth": f"Fact {i} holds. Fact {i} matters.", "context": ["x"]}

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from recallq.local import local_runtime
+from recallq.runs.local import local_runtime
 from recallq.settings import Settings
 from tests.services import start_api
 

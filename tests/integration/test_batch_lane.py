@@ -17,18 +17,19 @@ from typing import Any
 import pytest
 from sqlalchemy import select, text
 
-from recallq import ingest, queries
-from recallq.batch_lane import METADATA_KEY, BatchLane
-from recallq.batch_requests import InputFile, request_line
-from recallq.batch_store import LaneRun, LaneStore
-from recallq.db import Database
-from recallq.engine import Engine
-from recallq.judge_models import batch_models, load_models
-from recallq.outcomes import Stage
-from recallq.runtime import Runtime
+from recallq.batch.lane import METADATA_KEY, BatchLane
+from recallq.batch.requests import InputFile, request_line
+from recallq.batch.store import LaneRun, LaneStore
+from recallq.core.outcomes import Stage
+from recallq.execution.engine import Engine
+from recallq.execution.runtime import Runtime
+from recallq.judge.models import batch_models, load_models
+from recallq.runs import ingest, item_views, run_views
 from recallq.settings import Settings
-from recallq.store import BatchedItemStore, stores_for
-from recallq.tables import Item, Run
+from recallq.state.batched_items import BatchedItemStore
+from recallq.state.db import Database
+from recallq.state.runs import stores_for
+from recallq.state.tables import Item, Run
 from tests.fakes import RecordingQueue
 from tests.integration.faults import make_items
 from tests.services import migrated_database, write_models_file
@@ -87,7 +88,7 @@ class Lane:
         with self.database.session() as session:
             run = session.get(Run, run_id)
             assert run is not None
-            return queries.run_view(session, run)
+            return run_views.run_view(session, run)
 
     def poll_until_ended(self, run_id: str, timeout: float = 60) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
@@ -101,7 +102,7 @@ class Lane:
 
     def items(self, run_id: str) -> dict[str, dict[str, Any]]:
         with self.database.session() as session:
-            page, _ = queries.items_page(session, run_id, None, 1000, None)
+            page, _ = item_views.items_page(session, run_id, None, 1000, None)
             rows = session.execute(
                 select(Item.key, Item.llm_calls, Item.call_attempts, Item.failed_calls).where(
                     Item.run_id == run_id

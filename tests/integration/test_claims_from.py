@@ -13,8 +13,8 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, delete
 
-from recallq.claim_cache import ClaimCache
-from recallq.tables import ClaimCache as CachedClaims
+from recallq.state.claim_cache import ClaimCache
+from recallq.state.tables import ClaimCache as CachedClaims
 from tests.integration.secured import (
     api_and_worker,
     bearer,

@@ -1,6 +1,6 @@
-"""Two runs compared in the database (queries.compare_runs: the items paired, the pairs
+"""Two runs compared in the database (comparisons.compare_runs: the items paired, the pairs
 counted by their scores, the largest changes, the flipped claims counted by a join on their
-text) give exactly what recallq.compare computes from every item and claim in memory, on
+text) give exactly what recallq.core.compare computes from every item and claim in memory, on
 Postgres and on SQLite: random runs with items in one run only, items not scored, ties,
 claims that differ in text, claims said twice, claims with no verdict, metadata with and
 without the field."""
@@ -16,10 +16,11 @@ from typing import Any
 import pytest
 from sqlalchemy import insert, select
 
-from recallq import compare as ab
-from recallq import migrate, queries
-from recallq.db import Database
-from recallq.tables import Claim, Item, Run
+from recallq.core import compare as ab
+from recallq.runs import comparisons
+from recallq.state import migrate
+from recallq.state.db import Database
+from recallq.state.tables import Claim, Item, Run
 
 SCORES = (0.0, 0.33, 0.5, 0.67, 1.0)
 TEXTS = ("Paris is in France.", "The Seine is a river.", "Lyon has old streets.", "Nice is sunny.")
@@ -141,7 +142,7 @@ def test_the_database_pairs_as_the_pure_comparison_does(
     assert expected["unmatched"]["base_only"] and expected["unmatched"]["unscored"]
     assert expected["claims_flipped"]["no_to_yes"] and expected["claims_flipped"]["yes_to_no"]
     with database.session() as session:
-        found = queries.compare_runs(session, base, candidate, by=by, top=top, pairs=7)
+        found = comparisons.compare_runs(session, base, candidate, by=by, top=top, pairs=7)
     sample = found.pop("pairs")
     del found["base_run"], found["candidate_run"]
     assert found == expected
@@ -164,6 +165,6 @@ def test_ties_of_the_largest_changes_go_by_key_in_code_point_order(database: Dat
     candidate_items = [{**item, "score": 1.0} for item in base_items]
     base, candidate = _store(database, base_items), _store(database, candidate_items)
     with database.session() as session:
-        found = queries.compare_runs(session, base, candidate, top=4, pairs=len(keys))
+        found = comparisons.compare_runs(session, base, candidate, top=4, pairs=len(keys))
     assert [c["key"] for c in found["largest_changes"]] == sorted(keys)[:4]
     assert [p[0] for p in found["pairs"]] == sorted(keys)

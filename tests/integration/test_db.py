@@ -1,4 +1,4 @@
-"""recallq.db on real Postgres: a single statement commits on its own, and the autocommit it
+"""recallq.state.db on real Postgres: a single statement commits on its own, and the autocommit it
 runs in never leaks into the pooled connection's next transaction."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.pool import QueuePool
 
-from recallq.db import Database
+from recallq.state.db import Database
 
 
 @pytest.fixture()

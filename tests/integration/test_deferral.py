@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from recallq import ingest
-from recallq.errors import ProviderUnavailable, RateLimited
-from recallq.migrate import upgrade
-from recallq.outcomes import Continue, Deferred, Ended
-from recallq.runtime import Runtime
+from recallq.core.errors import ProviderUnavailable, RateLimited
+from recallq.core.outcomes import Continue, Deferred, Ended
+from recallq.core.status import ItemStatus
+from recallq.core.usage import Usage
+from recallq.execution.runtime import Runtime
+from recallq.runs import ingest
 from recallq.settings import Settings
-from recallq.status import ItemStatus
-from recallq.tables import Claim, Item
-from recallq.usage import Usage
+from recallq.state.migrate import upgrade
+from recallq.state.tables import Claim, Item
 from tests.fakes import RecordingQueue, ScriptedJudge
 
 MODEL = "incident-probe"

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, text
 
-from recallq.claim_cache import ClaimCache
+from recallq.state.claim_cache import ClaimCache
 from tests.integration.faults import calls_for_tag, make_items, submit
 from tests.services import Process, start_api, start_worker, wait_for_run, write_models_file
 from tests.stub_llm import split_claims

@@ -1,4 +1,4 @@
-"""The items table of the web pages (queries.items_table) on real Postgres: every filter, order
+"""The items table of the web pages (item_views.items_table) on real Postgres: every filter, order
 and page size pages through exactly the items a plain filter of all items gives, in order; a
 text filter looks through a bounded number of items per page and says where it stopped."""
 
@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from recallq import queries
-from recallq.db import Database
-from recallq.tables import Run
+from recallq.runs import item_views
+from recallq.state.db import Database
+from recallq.state.tables import Run
 from tests.services import REPO
 
 FACTS = ["Paris is in France.", "The Seine is a river.", "Lyon has old streets."]
@@ -64,10 +64,10 @@ def database(pg_database: str) -> Iterator[Database]:
 
 def _all(database: Database, run_id: str) -> list[dict[str, Any]]:
     with database.session() as session:
-        return list(queries.iter_results(session, run_id, item_data=True))
+        return list(item_views.iter_results(session, run_id, item_data=True))
 
 
-def _expected(items: list[dict[str, Any]], where: queries.ItemFilter) -> list[str]:
+def _expected(items: list[dict[str, Any]], where: item_views.ItemFilter) -> list[str]:
     chosen = [
         item
         for item in items
@@ -88,47 +88,47 @@ def _expected(items: list[dict[str, Any]], where: queries.ItemFilter) -> list[st
 
 
 def _paged(
-    database: Database, run_id: str, where: queries.ItemFilter, limit: int, scan: int
+    database: Database, run_id: str, where: item_views.ItemFilter, limit: int, scan: int
 ) -> tuple[list[str], int]:
     """Every row, page by page through the cursors (encoded as the page links do), and how
     many pages it took."""
     seen: list[str] = []
-    after: queries.ItemsCursor | None = None
+    after: item_views.ItemsCursor | None = None
     pages = 0
     while True:
         with database.session() as session:
-            table = queries.items_table(session, run_id, where, limit, after, scan=scan)
+            table = item_views.items_table(session, run_id, where, limit, after, scan=scan)
         pages += 1
         assert len(table.rows) <= limit
         seen += [row["id"] for row in table.rows]
         if table.cursor is None:
             return seen, pages
-        encoded = queries.encode_items_cursor(table.cursor)
+        encoded = item_views.encode_items_cursor(table.cursor)
         assert encoded is not None
-        after = queries.decode_items_cursor(encoded)
+        after = item_views.decode_items_cursor(encoded)
         assert pages < 100
 
 
 FILTERS = [
-    queries.ItemFilter(),
-    queries.ItemFilter(sort="score"),
-    queries.ItemFilter(sort="-score"),
-    queries.ItemFilter(status="succeeded", min_score=0.3, max_score=0.7),
-    queries.ItemFilter(min_score=0.5, sort="-score"),
-    queries.ItemFilter(text="SEINE", sort="score"),
-    queries.ItemFilter(text="q1"),
-    queries.ItemFilter(text="100%_lit"),
-    queries.ItemFilter(text="%"),
-    queries.ItemFilter(text="_", sort="-score"),
-    queries.ItemFilter(text="nowhere"),
-    queries.ItemFilter(status="pending"),
+    item_views.ItemFilter(),
+    item_views.ItemFilter(sort="score"),
+    item_views.ItemFilter(sort="-score"),
+    item_views.ItemFilter(status="succeeded", min_score=0.3, max_score=0.7),
+    item_views.ItemFilter(min_score=0.5, sort="-score"),
+    item_views.ItemFilter(text="SEINE", sort="score"),
+    item_views.ItemFilter(text="q1"),
+    item_views.ItemFilter(text="100%_lit"),
+    item_views.ItemFilter(text="%"),
+    item_views.ItemFilter(text="_", sort="-score"),
+    item_views.ItemFilter(text="nowhere"),
+    item_views.ItemFilter(status="pending"),
 ]
 
 
 @pytest.mark.parametrize("where", FILTERS, ids=repr)
 @pytest.mark.parametrize(("limit", "scan"), [(7, 10), (200, 20_000)])
 def test_pages_hold_exactly_the_filtered_items_in_order(
-    database: Database, scored: str, where: queries.ItemFilter, limit: int, scan: int
+    database: Database, scored: str, where: item_views.ItemFilter, limit: int, scan: int
 ) -> None:
     items = _all(database, scored)
     assert {item["score"] for item in items} >= {0.0, 0.33, 0.67, 1.0}
@@ -142,13 +142,15 @@ def test_pages_hold_exactly_the_filtered_items_in_order(
 
 def test_a_text_filter_says_where_it_stopped(database: Database, scored: str) -> None:
     with database.session() as session:
-        first = queries.items_table(session, scored, queries.ItemFilter(text="needle"), 5, scan=10)
+        first = item_views.items_table(
+            session, scored, item_views.ItemFilter(text="needle"), 5, scan=10
+        )
         assert first.rows == [] and first.searched_to == 9 and first.cursor == (None, 9)
-        second = queries.items_table(
-            session, scored, queries.ItemFilter(text="needle"), 5, first.cursor, scan=10
+        second = item_views.items_table(
+            session, scored, item_views.ItemFilter(text="needle"), 5, first.cursor, scan=10
         )
         assert [row["id"] for row in second.rows] == ["q13"] and second.searched_to == 19
-        found = queries.items_table(session, scored, queries.ItemFilter(text="q"), 5, scan=10)
+        found = item_views.items_table(session, scored, item_views.ItemFilter(text="q"), 5, scan=10)
         assert len(found.rows) == 5 and found.searched_to is None  # a full page: no notice
 
 
@@ -158,25 +160,29 @@ def test_a_text_filter_counts_its_matches_within_the_scan_bound(
     items = _all(database, scored)
     every_q = len([i for i in items if "q" in i["id"]])
     with database.session() as session:
-        exact = queries.items_table(session, scored, queries.ItemFilter(text="q"), 5)
+        exact = item_views.items_table(session, scored, item_views.ItemFilter(text="q"), 5)
         assert (exact.matched, exact.searched, exact.searched_all) == (every_q, len(items), True)
         # a bound smaller than the run: a lower bound over the items searched, never more
-        bounded = queries.items_table(session, scored, queries.ItemFilter(text="q"), 5, scan=10)
+        bounded = item_views.items_table(
+            session, scored, item_views.ItemFilter(text="q"), 5, scan=10
+        )
         assert (bounded.matched, bounded.searched, bounded.searched_all) == (10, 10, False)
-        needle = queries.items_table(session, scored, queries.ItemFilter(text="needle"), 5, scan=10)
+        needle = item_views.items_table(
+            session, scored, item_views.ItemFilter(text="needle"), 5, scan=10
+        )
         assert (needle.matched, needle.searched_all) == (0, False)
         # the next window (after the cursor) counts its own items: q13 is among them
-        after = queries.items_table(
-            session, scored, queries.ItemFilter(text="needle"), 5, needle.cursor, scan=10
+        after = item_views.items_table(
+            session, scored, item_views.ItemFilter(text="needle"), 5, needle.cursor, scan=10
         )
         assert (after.matched, after.searched) == (1, 10)
-        plain = queries.items_table(session, scored, queries.ItemFilter(), 5)
+        plain = item_views.items_table(session, scored, item_views.ItemFilter(), 5)
         assert plain.matched is None and plain.searched is None
 
 
 def test_rows_carry_what_the_table_shows(database: Database, scored: str) -> None:
     with database.session() as session:
-        table = queries.items_table(session, scored, queries.ItemFilter(sort="-score"), 1)
+        table = item_views.items_table(session, scored, item_views.ItemFilter(sort="-score"), 1)
     (row,) = table.rows
     assert set(row) == {
         "id",
@@ -189,12 +195,15 @@ def test_rows_carry_what_the_table_shows(database: Database, scored: str) -> Non
         "ground_truth",
     }
     assert row["score"] == 1.0 and row["claims_attributed"] == row["claims_total"] == 3
-    assert len(row["ground_truth"]) <= queries.TABLE_TEXT
+    assert len(row["ground_truth"]) <= item_views.TABLE_TEXT
 
 
 def test_cursors_the_table_did_not_make_are_refused() -> None:
     # not base64; [1, -1]; ["x", 1]; null; [1, 2, 3]
     for junk in ("", "%%%", "WzEsIC0xXQ", "WyJ4IiwgMV0", "bnVsbA", "WzEsIDIsIDNd"):
         with pytest.raises(ValueError):
-            queries.decode_items_cursor(junk)
-    assert queries.decode_items_cursor(queries.encode_items_cursor((0.5, 3)) or "") == (0.5, 3)
+            item_views.decode_items_cursor(junk)
+    assert item_views.decode_items_cursor(item_views.encode_items_cursor((0.5, 3)) or "") == (
+        0.5,
+        3,
+    )

@@ -1,4 +1,4 @@
-"""Views of completed runs are kept (recallq.kept, through recallq.queries), on Postgres and on
+"""Views of completed runs are kept (recallq.state.kept, through recallq.runs.queries), on Postgres and on
 SQLite: a completed run's run object, group summary and comparison are computed once and read
 back; a retried run that completes again gets its new numbers; active and cancelled runs are
 never kept; a run's kept views go with it; a view that cannot be kept is still read."""
@@ -18,11 +18,13 @@ from typing import Any
 import pytest
 from sqlalchemy import delete, false, func, insert, select, text, update
 
-from recallq import kept, migrate, queries
-from recallq.db import Database
-from recallq.store import ItemStore, RunStore
-from recallq.tables import Claim, Item, KeptView, Run, as_utc, utcnow
-from recallq.usage import Usage
+from recallq.core.usage import Usage
+from recallq.runs import comparisons, run_views
+from recallq.state import kept, migrate
+from recallq.state.db import Database
+from recallq.state.items import ItemStore
+from recallq.state.runs import RunStore
+from recallq.state.tables import Claim, Item, KeptView, Run, as_utc, utcnow
 from tests.services import migrated_database
 
 PROJECT = "default"
@@ -92,7 +94,7 @@ def _views(database: Database, run_id: str) -> tuple[dict[str, Any], dict[str, A
     with database.session() as session:
         run = session.get(Run, run_id)
         assert run is not None
-        return queries.run_view(session, run), queries.group_summary(session, run_id, "topic")
+        return run_views.run_view(session, run), comparisons.group_summary(session, run_id, "topic")
 
 
 def _kept(database: Database, run_id: str | None = None) -> int:
@@ -107,7 +109,7 @@ def _tamper(database: Database) -> None:
     """Mark every kept run view, so that a view read back from the table shows it."""
     with database.session() as session:
         for view in session.scalars(select(KeptView)):
-            if view.body["shape"] == queries.RUN_VIEW_SHAPE:
+            if view.body["shape"] == run_views.RUN_VIEW_SHAPE:
                 body = {**view.body["body"], "failures": [{"error": "kept", "count": 0}]}
                 view.body = {**view.body, "body": body}
 
@@ -123,7 +125,7 @@ def test_a_completed_runs_views_are_kept_and_read_back(database: Database) -> No
     _tamper(database)
     assert _views(database, run_id)[0]["failures"] == [{"error": "kept", "count": 0}]
     with database.session() as session:  # the list reads the same kept view
-        listed, _ = queries.list_runs(session, PROJECT)
+        listed, _ = run_views.list_runs(session, PROJECT)
     assert listed[0]["failures"] == [{"error": "kept", "count": 0}]
 
 
@@ -132,10 +134,10 @@ def test_the_runs_list_keeps_completed_runs_only(database: Database) -> None:
     running = _store(database, "running", [0.5])
     cancelled = _store(database, "cancelled", [0.0])
     with database.session() as session:
-        listed, _ = queries.list_runs(session, PROJECT)
+        listed, _ = run_views.list_runs(session, PROJECT)
     with database.session() as session:
-        again, _ = queries.list_runs(session, PROJECT)
-        one_by_one = [queries.run_view(session, r) for r in session.scalars(select(Run))]
+        again, _ = run_views.list_runs(session, PROJECT)
+        one_by_one = [run_views.run_view(session, r) for r in session.scalars(select(Run))]
     assert again == listed
     assert sorted(one_by_one, key=lambda v: v["id"]) == sorted(listed, key=lambda v: v["id"])
     assert (_kept(database, completed), _kept(database, running)) == (1, 0)
@@ -177,8 +179,8 @@ def test_active_and_cancelled_runs_are_never_kept(database: Database) -> None:
             with database.session() as session:
                 b, c = session.get(Run, completed), session.get(Run, run_id)
                 assert b is not None and c is not None
-                queries.compare_runs(session, b, c)
-                queries.compare_runs(session, c, b)
+                comparisons.compare_runs(session, b, c)
+                comparisons.compare_runs(session, c, b)
         assert _kept(database, run_id) == 0, status
     assert _kept(database) == 0
 
@@ -190,7 +192,7 @@ def test_a_runs_kept_views_go_with_it(database: Database, runs: RunStore) -> Non
     with database.session() as session:
         b, c = session.get(Run, base), session.get(Run, candidate)
         assert b is not None and c is not None
-        queries.compare_runs(session, b, c, by="topic")
+        comparisons.compare_runs(session, b, c, by="topic")
     assert _kept(database, base) == 3
     runs.delete(candidate, PROJECT)  # its comparison with base goes
     assert _kept(database) == 2
@@ -206,7 +208,7 @@ def test_a_comparison_kept_equals_a_fresh_one(database: Database) -> None:
         with database.session() as session:
             b, c = session.get(Run, base), session.get(Run, candidate)
             assert b is not None and c is not None
-            return queries.compare_runs(session, b, c, by="topic", top=3, pairs=10)
+            return comparisons.compare_runs(session, b, c, by="topic", top=3, pairs=10)
 
     first = compare()
     assert _kept(database) == 1
@@ -224,14 +226,14 @@ def test_a_view_that_cannot_be_kept_is_still_read(database: Database) -> None:
         session.execute(text("DROP TABLE kept_views"))
     assert _views(database, run_id) == expected
     with database.session() as session:
-        listed, _ = queries.list_runs(session, PROJECT)
+        listed, _ = run_views.list_runs(session, PROJECT)
     assert listed == [expected[0]]
 
 
 def test_the_process_that_completes_a_run_keeps_its_view(database: Database) -> None:
     """The first reader of a completed run finds its view kept: the engine that completed the
     run had it computed (workers and the batch lane complete runs through the same runtime)."""
-    from recallq.local import local_runtime
+    from recallq.runs.local import local_runtime
     from recallq.settings import Settings
 
     run_id = _store(database, "running", [1.0, 0.5])  # every item ended: the run is done
@@ -257,7 +259,7 @@ def _run_key(database: Database, run_id: str) -> str | None:
     with database.session() as session:
         run = session.get(Run, run_id)
         assert run is not None
-        return kept.key(queries._RUN_VIEW, [run], details=True)
+        return kept.key(run_views._RUN_VIEW, [run], details=True)
 
 
 def test_a_view_kept_in_another_shape_is_computed_again_never_misread(
@@ -273,7 +275,7 @@ def test_a_view_kept_in_another_shape_is_computed_again_never_misread(
     assert key is not None
     with database.session() as session:
         today = session.get(KeptView, key)
-        assert today is not None and today.body["shape"] == queries.RUN_VIEW_SHAPE
+        assert today is not None and today.body["shape"] == run_views.RUN_VIEW_SHAPE
         misread = {**today.body["body"], "scored": 1}  # what a misreading would show
         session.execute(delete(KeptView))
         run = session.get(Run, run_id)
@@ -288,7 +290,7 @@ def test_a_view_kept_in_another_shape_is_computed_again_never_misread(
     for stored in (
         {"shape": "run/an-older-one", "body": misread},  # readable, but of another shape
         {"row": shifted, "failures": []},  # 0009's body under today's key
-        {"shape": queries.RUN_VIEW_SHAPE, "body": {"counts": {}, "scored": 1}},
+        {"shape": run_views.RUN_VIEW_SHAPE, "body": {"counts": {}, "scored": 1}},
     ):
         with database.session() as session:
             session.execute(delete(KeptView).where(KeptView.key == key))
@@ -298,9 +300,9 @@ def test_a_view_kept_in_another_shape_is_computed_again_never_misread(
         assert view["summary"]["scored_items"] == 3 and view["counts"]["failed"] == 1
         with database.session() as session:  # kept anew, in today's shape
             kept_now = session.get(KeptView, key)
-            assert kept_now is not None and kept_now.body["shape"] == queries.RUN_VIEW_SHAPE
+            assert kept_now is not None and kept_now.body["shape"] == run_views.RUN_VIEW_SHAPE
         with database.session() as session:  # the list reads it the same way
-            listed, _ = queries.list_runs(session, PROJECT)
+            listed, _ = run_views.list_runs(session, PROJECT)
         assert listed == [current]
 
 
@@ -308,14 +310,14 @@ def test_a_new_aggregate_column_or_status_is_a_new_shape() -> None:
     """The run view's shape is its columns' and fields' names and the version of the rules
     that count them: changing one changes it, so a view kept before is not read as the new
     shape."""
-    columns = [str(c.key) for c in queries._aggregate_columns(1.0, True, false())]
+    columns = [str(c.key) for c in run_views._aggregate_columns(1.0, True, false())]
     assert "count_failed" in columns and "deferrals" in columns
-    fields = [f.name for f in dataclasses.fields(queries.RunAggregates)]
+    fields = [f.name for f in dataclasses.fields(run_views.RunAggregates)]
     usage = [f.name for f in dataclasses.fields(Usage)]
-    rules = ["rules", queries.RUN_VIEW_RULES]
-    assert kept.shape("run", columns, fields, usage, rules) == queries.RUN_VIEW_SHAPE
+    rules = ["rules", run_views.RUN_VIEW_RULES]
+    assert kept.shape("run", columns, fields, usage, rules) == run_views.RUN_VIEW_SHAPE
     assert kept.shape("run", [*columns, "count_paused"], fields, usage, rules) != (
-        queries.RUN_VIEW_SHAPE
+        run_views.RUN_VIEW_SHAPE
     )
-    assert kept.shape("run", columns, [*fields, "median"], usage, rules) != queries.RUN_VIEW_SHAPE
-    assert kept.shape("run", columns, fields, usage, ["rules", 1]) != queries.RUN_VIEW_SHAPE
+    assert kept.shape("run", columns, [*fields, "median"], usage, rules) != run_views.RUN_VIEW_SHAPE
+    assert kept.shape("run", columns, fields, usage, ["rules", 1]) != run_views.RUN_VIEW_SHAPE

@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from recallq import labels
+from recallq.labels import store as labels
 from tests.integration.secured import (
     api_and_worker,
     bearer,

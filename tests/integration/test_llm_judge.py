@@ -14,14 +14,14 @@ import pytest
 
 from recallq import pipeline
 from recallq.coordination.breaker import LocalCircuitBreaker
-from recallq.coordination.gate import OpenGate
+from recallq.coordination.call_gate import OpenGate
 from recallq.coordination.ratelimit import Unlimited
-from recallq.errors import MalformedAnswer
+from recallq.core.errors import MalformedAnswer
 from recallq.judge import protocol
+from recallq.judge.backoff import RetryPolicy
 from recallq.judge.base import Repair
 from recallq.judge.llm import LLMJudge
-from recallq.judge_models import ModelConfig
-from recallq.retry import RetryPolicy
+from recallq.judge.models import ModelConfig
 
 
 def _judge(stub, model: str) -> LLMJudge:
@@ -145,9 +145,9 @@ def test_a_registered_service_callback_still_gets_its_events(
 def test_a_key_missing_from_a_workers_environment_fails_items_at_once(
     clean_stub, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from recallq.errors import PermanentJudgeError
+    from recallq.core.errors import PermanentJudgeError
     from recallq.judge.by_model import JudgeRegistry
-    from recallq.judge_models import load_models
+    from recallq.judge.models import load_models
     from tests.services import write_models_file
 
     models = load_models(write_models_file(tmp_path, clean_stub.base_url))

@@ -3,7 +3,7 @@ module's own, with the stages called in-process (the judge is a double at the LL
 
 - one primitive for exclusive periodic work (recallq.coordination.periodic);
 - the broker's epoch, remembered in Postgres, tells a Redis that lost its data whoever
-  starts first (recallq.coordination.epoch.BrokerEpochs);
+  starts first (recallq.execution.broker_epoch.BrokerEpochs);
 - a message a dead worker held comes back although the database names a live owner (the
   worker that sent it), and is left alone while a live owner holds it.
 """
@@ -24,9 +24,7 @@ from kombu.entity import Exchange, Queue
 from redis import Redis
 from sqlalchemy import select, update
 
-from recallq import broker, ingest
 from recallq.coordination import keys
-from recallq.coordination.epoch import BrokerEpochs
 from recallq.coordination.liveness import HeldItems, held_by
 from recallq.coordination.periodic import (
     LOCK_FLOOR,
@@ -35,15 +33,18 @@ from recallq.coordination.periodic import (
     run_periodically,
     turn_ms,
 )
-from recallq.db import Database
+from recallq.core.outcomes import Continue, Taken
+from recallq.core.status import ItemStatus
+from recallq.core.usage import Usage
+from recallq.execution import celery_queue as broker
+from recallq.execution.broker_epoch import BrokerEpochs
+from recallq.execution.reaper import SEND_MARGIN_S, HandBack
+from recallq.execution.runtime import Runtime
 from recallq.judge.base import Judge, JudgeReply
-from recallq.outcomes import Continue, Taken
-from recallq.reaper import SEND_MARGIN_S, HandBack
-from recallq.runtime import Runtime
+from recallq.runs import ingest
 from recallq.settings import Settings
-from recallq.status import ItemStatus
-from recallq.tables import Item, utcnow
-from recallq.usage import Usage
+from recallq.state.db import Database
+from recallq.state.tables import Item, utcnow
 from tests.services import RedisServer, migrated_database
 
 MODEL = "lost-work-probe"

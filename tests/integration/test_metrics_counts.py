@@ -4,12 +4,15 @@ the items ended among them."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from prometheus_client import REGISTRY
 from sqlalchemy import event, text
 
-from recallq import metrics_state
-from recallq.runtime import Runtime
-from recallq.status import ITEM_ENDED, ItemStatus
+from recallq.core.status import ITEM_ENDED, ItemStatus
+from recallq.execution import work
+from recallq.execution.runtime import Runtime
+from recallq.observability import gauges as metrics_state
 from tests.integration import test_transitions as transitions
 
 runtime = transitions.runtime  # the same runtime: SQLite with the moves trigger
@@ -54,7 +57,9 @@ def test_work_waiting_is_one_read_per_cache_period(runtime: Runtime) -> None:
     )
     now = [1000.0]
     collector = metrics_state.WorkCollector(
-        runtime.database, lambda: [transitions.MODEL, "other-model"], clock=lambda: now[0]
+        partial(work.read_work, runtime.database),
+        lambda: [transitions.MODEL, "other-model"],
+        clock=lambda: now[0],
     )
     assert _gauges(collector)["recallq_items_waiting"] == {transitions.MODEL: 0, "other-model": 0}
     run_id, _ = transitions._run(runtime, "a", "b", "c")  # a dispatch window of 2

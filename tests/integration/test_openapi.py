@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from recallq import labels
+from recallq.labels import store as labels
 from tests.integration.secured import bearer, make_key, secured_env
 from tests.services import REPO, Process, start_api
 

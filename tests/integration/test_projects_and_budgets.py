@@ -21,18 +21,18 @@ import pytest
 import redis
 from sqlalchemy import func, select, update
 
-from recallq import ingest, local
-from recallq.coordination.gate import OpenGate, RedisCallGate, RunCancelled
-from recallq.runtime import Runtime
+from recallq.coordination.call_gate import OpenGate, RedisCallGate, RunCancelled
+from recallq.execution.runtime import Runtime
+from recallq.runs import ingest, local
 from recallq.settings import Settings
-from recallq.tables import Claim, Item, Run, utcnow
+from recallq.state.tables import Claim, Item, Run, utcnow
 from tests.fakes import RecordingQueue
 from tests.services import redis_database
 
 
 def _local_run(database: Path, project: str, items: list[dict[str, Any]], **run: Any) -> dict:
     settings = Settings(database_url=f"sqlite:///{database}")
-    from recallq import migrate
+    from recallq.state import migrate
 
     migrate.upgrade(settings.database_url)
     runtime, runner = local.local_runtime(settings, 2)

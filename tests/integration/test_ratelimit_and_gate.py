@@ -8,9 +8,9 @@ import time
 import pytest
 import redis
 
-from recallq.coordination.gate import RedisCallGate, RunCancelled
+from recallq.coordination.call_gate import RedisCallGate, RunCancelled
 from recallq.coordination.ratelimit import RedisRateLimiter
-from recallq.errors import RateLimited
+from recallq.core.errors import RateLimited
 from tests.services import redis_database
 
 

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 import recallq
-from recallq.ingest import SubmissionError
+from recallq.runs.ingest import SubmissionError
 from tests.services import Process, start_api, start_worker, wait_for_run
 
 ONE_PASSAGE = {"RECALLQ_MAX_CONTEXT_PASSAGES": "1"}

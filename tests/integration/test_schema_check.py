@@ -11,7 +11,7 @@ import httpx
 import pytest
 from alembic.script import ScriptDirectory
 
-from recallq import migrate
+from recallq.state import migrate
 from tests.integration.secured import recallq
 from tests.services import PostgresDatabase, start_api, start_worker
 

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from recallq import ingest
-from recallq.outcomes import Continue, Ended, Skipped, SkipReason, Taken
-from recallq.runtime import Runtime
+from recallq.core.outcomes import Continue, Ended, Skipped, SkipReason, Taken
+from recallq.core.status import ItemStatus
+from recallq.execution.runtime import Runtime
+from recallq.runs import ingest
 from recallq.settings import Settings
-from recallq.status import ItemStatus
-from recallq.tables import Claim, Item
+from recallq.state.tables import Claim, Item
 from tests.fakes import RecordingQueue, ScriptedJudge
 from tests.services import migrated_database, redis_database
 

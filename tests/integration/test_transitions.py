@@ -1,4 +1,4 @@
-"""The moves items and runs make are exactly the table in recallq.status.
+"""The moves items and runs make are exactly the table in recallq.core.status.
 
 A trigger on a real database records every (old, new) status of every UPDATE that sets a
 status, while the engine and the store take items and runs through every path they have:
@@ -17,16 +17,17 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select, text
 
-from recallq import ingest, scoring
-from recallq.errors import PermanentJudgeError, RateLimited
-from recallq.migrate import upgrade
-from recallq.outcomes import Continue, Deferred, Ended, Skipped, SkipReason, Stage
-from recallq.runtime import Runtime
+from recallq.core import scoring
+from recallq.core.errors import PermanentJudgeError, RateLimited
+from recallq.core.outcomes import Continue, Deferred, Ended, Skipped, SkipReason, Stage
+from recallq.core.status import ITEM_TRANSITIONS, RUN_TRANSITIONS, ItemStatus, RunStatus
+from recallq.core.usage import Usage
+from recallq.execution.runtime import Runtime
+from recallq.runs import ingest
 from recallq.settings import Settings
-from recallq.status import ITEM_TRANSITIONS, RUN_TRANSITIONS, ItemStatus, RunStatus
-from recallq.store import BatchedItemStore
-from recallq.tables import Item
-from recallq.usage import Usage
+from recallq.state.batched_items import BatchedItemStore
+from recallq.state.migrate import upgrade
+from recallq.state.tables import Item
 from tests.fakes import RecordingQueue, ScriptedJudge
 
 MODEL = "transitions-probe"

@@ -11,8 +11,8 @@ from alembic.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect
 
-from recallq import migrate
-from recallq.tables import Base
+from recallq.state import migrate
+from recallq.state.tables import Base
 from tests.services import PostgresDatabase
 
 TABLES = {

@@ -1,4 +1,4 @@
-"""recallq.agreement: known values, and the corrected interval's coverage on simulated runs."""
+"""recallq.core.agreement: known values, and the corrected interval's coverage on simulated runs."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from recallq import agreement
-from recallq.agreement import Confusion, JudgeTotals, LabelledClaim, LabelledItem
+from recallq.core import agreement
+from recallq.core.agreement import Confusion, JudgeTotals, LabelledClaim, LabelledItem
 
 
 def _claims(pairs: list[tuple[str, str]]) -> list[LabelledClaim]:

@@ -1,11 +1,11 @@
-"""recallq.apikeys: the shape of keys, their hashes and what each role may do."""
+"""recallq.state.apikeys: the shape of keys, their hashes and what each role may do."""
 
 from __future__ import annotations
 
 import pytest
 
-from recallq import apikeys
-from recallq.redact import Redactor
+from recallq.core.redact import Redactor
+from recallq.state import apikeys
 
 
 def test_keys_are_long_random_and_recognisable() -> None:

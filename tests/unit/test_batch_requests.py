@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from recallq.batch_requests import (
+from recallq.batch.requests import (
     UNANSWERED,
     Answer,
     InputFile,
@@ -26,11 +26,11 @@ from recallq.batch_requests import (
     request_line,
     result_of,
 )
+from recallq.core.outcomes import Stage
+from recallq.core.scoring import Verdict
 from recallq.judge import protocol
-from recallq.outcomes import Stage
+from recallq.judge.prices import Price
 from recallq.pipeline import AskAgain, Claims, Failed, Repair, ResendLater, Verdicts
-from recallq.prices import Price
-from recallq.scoring import Verdict
 
 CLAIMS = ("Ada was born in 1815", "Ada wrote notes", "Ada liked tea")
 CONTEXTS = ("Ada Lovelace was born in 1815.", "She wrote notes on the engine.")

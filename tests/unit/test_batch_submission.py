@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from recallq import ingest
-from recallq.judge_models import JudgeModelsError, batch_models, load_models
-from recallq.status import ItemStatus, public_item_status, stored_item_statuses
-from recallq.tables import Run, RunMode
+from recallq.core.status import ItemStatus, public_item_status, stored_item_statuses
+from recallq.judge.models import JudgeModelsError, batch_models, load_models
+from recallq.runs import ingest
+from recallq.state.tables import Run, RunMode
 
 MODELS = """\
 models:

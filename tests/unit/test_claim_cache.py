@@ -8,11 +8,11 @@ from collections.abc import Iterator
 import pytest
 from sqlalchemy import Engine, create_engine
 
-from recallq.claim_cache import ClaimCache
 from recallq.judge import protocol
 from recallq.judge.lexical import LexicalJudge
-from recallq.judge_models import LEXICAL
-from recallq.tables import Base
+from recallq.judge.models import LEXICAL
+from recallq.state.claim_cache import ClaimCache
+from recallq.state.tables import Base
 
 
 @pytest.fixture()

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from recallq import labels
 from recallq.cli.parser import build_parser
+from recallq.labels import store as labels
 
 
 def test_an_unknown_status_lists_the_statuses_as_typed(capsys: pytest.CaptureFixture[str]) -> None:
@@ -19,7 +19,7 @@ def test_an_unknown_status_lists_the_statuses_as_typed(capsys: pytest.CaptureFix
 
 
 def test_a_sample_seed_has_the_apis_bound(capsys: pytest.CaptureFixture[str]) -> None:
-    """One bound for a sample's seed (recallq.labels.MAX_SEED, 2**53 - 1: exact in any JSON
+    """One bound for a sample's seed (recallq.labels.store.MAX_SEED, 2**53 - 1: exact in any JSON
     client) in the CLI, the API's schema and the labelling page."""
     top = str(labels.MAX_SEED)
     parsed = build_parser().parse_args(["label", "r", "--sample", "3", "--seed", top, "--out", "x"])

@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from recallq.compare import (
+from recallq.core.compare import (
     BOOTSTRAP_MAX_PAIRS,
     MISSING_GROUP,
     ItemScores,

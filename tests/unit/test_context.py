@@ -1,6 +1,6 @@
 import pytest
 
-from recallq.context import (
+from recallq.core.context import (
     ContextError,
     can_resolve_any,
     extract_context,

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from recallq import context as ctx
+from recallq.core import context as ctx
 
 ITEM = {
     "input": {"inputMessages": []},

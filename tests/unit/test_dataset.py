@@ -4,8 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from recallq import dataset
-from recallq.dataset import (
+from recallq.runs import dataset
+from recallq.runs.dataset import (
     FIELD_ALIASES,
     MAX_METADATA_BYTES,
     DatasetError,

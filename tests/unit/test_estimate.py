@@ -1,13 +1,13 @@
-"""recallq.estimate: what a run would take, per the engine's rules and the protocol's prompts."""
+"""recallq.runs.estimate: what a run would take, per the engine's rules and the protocol's prompts."""
 
 from __future__ import annotations
 
 import pytest
 
-from recallq import estimate, prices
-from recallq.claim_cache import ClaimCache
-from recallq.judge import protocol
-from recallq.judge_models import LEXICAL, ModelConfig
+from recallq.judge import prices, protocol
+from recallq.judge.models import LEXICAL, ModelConfig
+from recallq.runs import estimate
+from recallq.state.claim_cache import ClaimCache
 
 PRICES = prices.Price(input_per_token=0.000001, output_per_token=0.000002)
 TRUTH = "Ada Lovelace was born in 1815. She wrote the first program."

@@ -1,4 +1,4 @@
-"""Result exports (recallq.export), groups (recallq.groups), local run keys, API URLs and
+"""Result exports (recallq.core.export), groups (recallq.core.groups), local run keys, API URLs and
 cursors: the pure pieces of issue 12."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ from typing import Any
 
 import pytest
 
-from recallq import export, groups, ingest, local, queries
 from recallq.client import base_url
+from recallq.core import export, groups
+from recallq.runs import ingest, local, run_views
 
 RESULTS: list[dict[str, Any]] = [
     {
@@ -149,9 +150,9 @@ def test_api_url_as_people_write_it(url: str) -> None:
 
 def test_runs_cursor_round_trip_and_rejects_others() -> None:
     cursor = (datetime(2026, 12, 1, 9, 30, 0, 123456, tzinfo=UTC), "run-id")
-    encoded = queries.encode_run_cursor(cursor)
-    assert encoded is not None and queries.decode_run_cursor(encoded) == cursor
-    assert queries.encode_run_cursor(None) is None
+    encoded = run_views.encode_run_cursor(cursor)
+    assert encoded is not None and run_views.decode_run_cursor(encoded) == cursor
+    assert run_views.encode_run_cursor(None) is None
     for bad in ("nope", "MTA=", "W10="):
         with pytest.raises(ValueError):
-            queries.decode_run_cursor(bad)
+            run_views.decode_run_cursor(bad)

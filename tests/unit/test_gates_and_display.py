@@ -1,4 +1,4 @@
-"""Exit codes and gates (recallq.gates), and what the CLI prints about runs (recallq.display)."""
+"""Exit codes and gates (recallq.core.gates), and what the CLI prints about runs (recallq.viewer.text)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from recallq import display, gates
-from recallq.gates import Exit, Gate
+from recallq.core import gates
+from recallq.core.gates import Exit, Gate
+from recallq.viewer import text as display
 
 VIEW: dict[str, Any] = {
     "id": "run-1",
@@ -259,7 +260,9 @@ def test_compare_lines() -> None:
 
 def test_database_label_hides_passwords(tmp_path: Any, monkeypatch: Any) -> None:
     monkeypatch.chdir(tmp_path)
-    assert display.database_label("sqlite:///recallq.db") == str(tmp_path / "recallq.db")
+    assert display.database_label("sqlite:///recallq.state.db") == str(
+        tmp_path / "recallq.state.db"
+    )
     assert display.database_label("postgresql+psycopg://me:s3cret@db:5432/x") == (
         "postgresql+psycopg://me:***@db:5432/x"
     )

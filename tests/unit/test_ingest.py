@@ -1,4 +1,4 @@
-"""Unit tests for recallq.ingest: submission validation and writing a run (temp SQLite file)."""
+"""Unit tests for recallq.runs.ingest: submission validation and writing a run (temp SQLite file)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,7 @@ import os
 import pytest
 from sqlalchemy import func, select
 
-from recallq.db import Database
-from recallq.ingest import (
+from recallq.runs.ingest import (
     RunSpec,
     SubmissionError,
     build_spec,
@@ -16,10 +15,11 @@ from recallq.ingest import (
     item_row,
     parse_ndjson_lines,
 )
-from recallq.migrate import upgrade
 from recallq.settings import Settings
-from recallq.store import stores_for
-from recallq.tables import Item, Run
+from recallq.state.db import Database
+from recallq.state.migrate import upgrade
+from recallq.state.runs import stores_for
+from recallq.state.tables import Item, Run
 
 KNOWN = ["local/lexical"]
 MAX_ITEM = Settings().max_item_bytes

@@ -1,4 +1,4 @@
-"""recallq.inputs: what a client sends is parsed and checked before anything looks at it."""
+"""recallq.core.inputs: what a client sends is parsed and checked before anything looks at it."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from recallq import inputs
+from recallq.core import inputs
 
 
 def _refused(text: str | bytes, depth: int = 64) -> str:

@@ -9,7 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from recallq.batch_requests import Answer, Request, decide
+from recallq.batch.requests import Answer, Request, decide
+from recallq.core.outcomes import Stage
+from recallq.core.redact import Redactor
 from recallq.judge.protocol import (
     ATTRIBUTION,
     EXTRACTION,
@@ -22,9 +24,7 @@ from recallq.judge.protocol import (
     packed_claims,
     parse_answer,
 )
-from recallq.outcomes import Stage
 from recallq.pipeline import Claims, Failed
-from recallq.redact import Redactor
 from tests.stub_llm import split_claims
 
 ROOT = Path(__file__).resolve().parents[2]

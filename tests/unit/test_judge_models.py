@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from recallq.judge_models import JudgeModelsError, ModelConfig
+from recallq.judge.models import JudgeModelsError, ModelConfig
 
 
 def _config() -> ModelConfig:

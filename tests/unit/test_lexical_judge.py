@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
+from recallq.core.usage import Usage
 from recallq.judge.lexical import (
     SUPPORT_THRESHOLD,
     LexicalJudge,
     split_claims,
     supporting_contexts,
 )
-from recallq.usage import Usage
 
 EINSTEIN = "Einstein was born in 1879. He won the Nobel Prize in Physics in 1921."
 ULM = "Albert Einstein was born on 14 March 1879 in Ulm."

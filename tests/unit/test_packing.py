@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from recallq.engine import extraction_packs
-from recallq.outcomes import Taken
+from recallq.core.outcomes import Taken
+from recallq.core.usage import Usage
+from recallq.execution.engine import extraction_packs
 from recallq.pipeline import split_usage
-from recallq.usage import Usage
 
 
 def _pass(item_id: int, text: str) -> tuple[Taken, str]:

@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import pytest
 
-from recallq import pipeline, scoring
-from recallq.errors import MalformedAnswer, PermanentJudgeError, ProviderUnavailable, RateLimited
+from recallq import pipeline
+from recallq.core import scoring
+from recallq.core.errors import (
+    MalformedAnswer,
+    PermanentJudgeError,
+    ProviderUnavailable,
+    RateLimited,
+)
+from recallq.core.usage import Usage
 from recallq.judge import protocol
 from recallq.judge.base import PackedReply, Repair
 from recallq.pipeline import AskAgain, Claims, Failed, ResendLater, Scored, Verdicts, Wait
-from recallq.usage import Usage
 
 CLAIMS = ["Ada was born in 1815", "Ada wrote notes", "Ada liked tea"]
 

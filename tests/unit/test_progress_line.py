@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import io
 
-from recallq.display import ProgressLine
+from recallq.viewer.text import ProgressLine
 
 
 class Terminal(io.StringIO):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from recallq.redact import REDACTED, Redactor, redact_url
+from recallq.core.redact import REDACTED, Redactor, redact_url
 
 redact = Redactor()
 
@@ -103,7 +103,7 @@ def test_redact_url() -> None:
         "postgresql://u@h/db?sslmode=require&password=***"
     )
     assert redact_url("postgresql://h/db?db_password=x1#f") == "postgresql://h/db?db_password=***#f"
-    assert redact_url("sqlite:///recallq.db") == "sqlite:///recallq.db"
+    assert redact_url("sqlite:///recallq.state.db") == "sqlite:///recallq.state.db"
 
 
 ORDINARY = [
@@ -161,7 +161,7 @@ def test_it_is_linear() -> None:
 def test_log_records_are_redacted_where_they_are_made(caplog) -> None:
     import logging
 
-    from recallq.redact import install_log_redaction
+    from recallq.core.redact import install_log_redaction
 
     secret = "configured-provider-key-0123456789"
     install_log_redaction(Redactor([secret]))

@@ -6,15 +6,15 @@ from collections.abc import Callable
 
 import pytest
 
-from recallq.coordination.gate import RunCancelled
-from recallq.errors import (
+from recallq.coordination.call_gate import RunCancelled
+from recallq.core.errors import (
     PermanentJudgeError,
     ProviderUnavailable,
     RateLimited,
     TransientJudgeError,
 )
-from recallq.retry import RetryPolicy, call_with_retries
-from recallq.usage import Usage
+from recallq.core.usage import Usage
+from recallq.judge.backoff import RetryPolicy, call_with_retries
 
 POLICY = RetryPolicy(max_attempts=4, base_delay=0.5, max_delay=30.0)
 

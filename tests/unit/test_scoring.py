@@ -1,4 +1,4 @@
-"""Unit tests for recallq.scoring: the scoring rules (ground truth, claims, verdicts, reason)."""
+"""Unit tests for recallq.core.scoring: the scoring rules (ground truth, claims, verdicts, reason)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from recallq.scoring import (
+from recallq.core.scoring import (
     Outcome,
     Verdict,
     ground_truth_text,

@@ -23,7 +23,7 @@ EDGES = {
 #: modules that may name os.environ, and why
 ENVIRONMENT_USERS = {
     # resolves `os.environ/NAME` in the models file (the contract's way to name a key)
-    "recallq/judge_models.py",
+    "recallq/judge/models.py",
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import io
 
-from recallq import export
+from recallq.core import export
 
 
 def _result(**fields: object) -> dict:

@@ -1,10 +1,10 @@
 """A worker reads which items a task message is about by argument name, whether the message
-carries them by name (what recallq.broker sends) or by position (messages of an older
+carries them by name (what recallq.execution.celery_queue sends) or by position (messages of an older
 sender still in the queue)."""
 
 from __future__ import annotations
 
-from recallq.broker import items_named
+from recallq.execution.celery_queue import items_named
 from worker.tasks import attribute, dispatch, extract_group, items_of
 
 

@@ -10,7 +10,7 @@ import statistics
 
 import pytest
 
-from recallq import compare
+from recallq.core import compare
 from recallq.viewer import environment, figures, static_file, stylesheet
 
 

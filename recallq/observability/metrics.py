@@ -1,0 +1,176 @@
+"""Prometheus metrics of this process (prometheus-client's default registry).
+
+    events   the store, the judge, the rate limiter, the breaker and the batch lane call the
+             hook functions below at one place each: counters and histograms of this process
+    state    read when Prometheus scrapes (recallq.observability.gauges): the breaker of every model,
+             and on the API the work waiting across active runs and the pending batches
+
+Labels are of low cardinality only: a model named in the models file, a stage, an outcome, a
+status, a route template. Never a run, an item, a key or a project: every process's series stay
+a fixed, small set however many runs it scores. Each API process and each worker serves its own
+registry (`recallq worker` runs threads, so one registry per process sees every task); the
+`instance` label Prometheus adds tells them apart. docs/operations.md lists every metric.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import prometheus_client
+from prometheus_client import Counter, Histogram
+from prometheus_client.registry import REGISTRY, Collector
+
+from recallq.core.gates import CommandError
+from recallq.core.status import ITEM_ENDED
+
+log = logging.getLogger(__name__)
+
+# a `_created` series beside every counter doubles what a scrape carries, for nothing we use
+prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]
+
+# judge calls take from ~50 ms (a small local model) to minutes (a long attribution)
+_CALL_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+ITEMS_ENDED = Counter(
+    "recallq_items_ended", "Items that ended, by outcome (succeeded|failed|cancelled)", ["outcome"]
+)
+ITEM_TRANSITIONS = Counter(
+    "recallq_item_transitions", "Item state moves made by this process, by new status", ["status"]
+)
+JUDGE_CALLS = Counter(
+    "recallq_judge_calls",
+    "Requests sent to a judge model, by outcome (answered|repaired|transient_error|"
+    "permanent_error; repaired: the answered repair request of a malformed answer)",
+    ["model", "stage", "outcome"],
+)
+JUDGE_CALL_SECONDS = Histogram(
+    "recallq_judge_call_seconds",
+    "Time of one request to a judge model, whatever its outcome",
+    ["model", "stage"],
+    buckets=_CALL_BUCKETS,
+)
+JUDGE_TOKENS = Counter(
+    "recallq_judge_tokens",
+    "Tokens of answered judge calls, by kind (prompt|completion)",
+    ["model", "stage", "kind"],
+)
+JUDGE_COST = Counter(
+    "recallq_judge_cost_usd", "Cost of answered judge calls in USD", ["model", "stage"]
+)
+PROVIDER_RATE_LIMITED = Counter(
+    "recallq_provider_rate_limited", "Judge calls the provider refused with a 429", ["model"]
+)
+RATE_LIMIT_WAIT = Counter(
+    "recallq_rate_limit_wait_seconds",
+    "Time judge calls spent waiting for rate-limit capacity",
+    ["model"],
+)
+RATE_LIMIT_DEFERRED = Counter(
+    "recallq_rate_limit_deferred",
+    "Judge calls put off because no rate-limit capacity came within the longest wait",
+    ["model"],
+)
+BREAKER_OPENINGS = Counter(
+    "recallq_breaker_openings", "Times this process's report opened a model's breaker", ["model"]
+)
+BATCHES_APPLIED = Counter(
+    "recallq_batch_batches_applied", "Provider batches whose results were applied", ["model"]
+)
+HTTP_REQUEST_SECONDS = Histogram(
+    "recallq_http_request_seconds",
+    "API requests by method, route template and status code, until the response ended",
+    ["method", "route", "status"],
+)
+
+# --- hooks: each called at one place ------------------------------------------------------
+
+
+def items_moved(status: str, count: int) -> None:
+    """recallq.state.store: `count` items moved into `status` (the write was made)."""
+    ITEM_TRANSITIONS.labels(str(status)).inc(count)
+    if status in ITEM_ENDED:
+        ITEMS_ENDED.labels(str(status)).inc(count)
+
+
+def judge_call(model: str, stage: str, outcome: str, seconds: float) -> None:
+    """recallq.judge.llm: one request went to the model."""
+    JUDGE_CALLS.labels(model, stage, outcome).inc()
+    JUDGE_CALL_SECONDS.labels(model, stage).observe(seconds)
+
+
+def judge_usage(model: str, stage: str, prompt: int, completion: int, cost_usd: float) -> None:
+    """recallq.judge.llm: what an answered call used (what the run's usage counts)."""
+    JUDGE_TOKENS.labels(model, stage, "prompt").inc(prompt)
+    JUDGE_TOKENS.labels(model, stage, "completion").inc(completion)
+    JUDGE_COST.labels(model, stage).inc(cost_usd)
+
+
+def provider_rate_limited(model: str) -> None:
+    PROVIDER_RATE_LIMITED.labels(model).inc()
+
+
+def rate_limit_waited(model: str, seconds: float) -> None:
+    RATE_LIMIT_WAIT.labels(model).inc(seconds)
+
+
+def rate_limit_deferred(model: str) -> None:
+    RATE_LIMIT_DEFERRED.labels(model).inc()
+
+
+def breaker_recorded(model: str, what: str) -> None:
+    """recallq.coordination.breaker: what breaker.lua said a report did."""
+    if what in ("opened", "reopened"):
+        BREAKER_OPENINGS.labels(model).inc()
+
+
+def batch_applied(model: str) -> None:
+    BATCHES_APPLIED.labels(model).inc()
+
+
+_last_beat: float | None = None
+
+
+def heartbeat_beat() -> None:
+    """recallq.coordination.liveness: this worker's heartbeat reached Redis."""
+    global _last_beat
+    _last_beat = time.time()
+
+
+def last_heartbeat() -> float | None:
+    """When this worker's heartbeat last reached Redis (unix seconds), if it has."""
+    return _last_beat
+
+
+# --- serving ------------------------------------------------------------------------------
+
+
+_state_collectors: list[Collector] = []
+_state_lock = threading.Lock()
+
+
+def use_state_collectors(*collectors: Collector) -> None:
+    """The collectors of state this process reports, in place of any it had (a process
+    builds its runtime once; a test process builds several apps, the last one reports)."""
+    with _state_lock:
+        for old in _state_collectors:
+            REGISTRY.unregister(old)
+        _state_collectors[:] = collectors
+        for collector in collectors:
+            REGISTRY.register(collector)
+
+
+def exposition() -> tuple[bytes, str]:
+    """This process's metrics in Prometheus's text format, and its content type."""
+    return prometheus_client.generate_latest(REGISTRY), prometheus_client.CONTENT_TYPE_LATEST
+
+
+def serve(host: str, port: int) -> None:
+    """This process's metrics at http://host:port/metrics, from a thread of its own."""
+    try:
+        prometheus_client.start_http_server(port, addr=host, registry=REGISTRY)
+    except (OSError, OverflowError) as exc:  # in use, not an address here, out of range
+        reason = getattr(exc, "strerror", None) or str(exc)
+        message = f"--metrics-port: cannot serve metrics on {host}:{port}: {reason}"
+        raise CommandError(message) from None

@@ -1,0 +1,255 @@
+"""Local mode: `recallq run FILE` (and `recallq.evaluate`) on SQLite, the engine driven by a
+thread pool in this process.
+
+The runner (recallq.execution.local_queue) is the engine's work queue and does what a
+worker's tasks do.
+
+A run of a file is found again by a digest of the file's bytes and the run's fields (its
+idempotency key), so running the same command again resumes it: the items the stopped
+process had handed out go back to the queue (RunStore.resume), claims already extracted are
+reused, and items already scored are not sent again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from recallq.core.redact import install_log_redaction
+from recallq.core.status import (
+    PUBLIC_ITEM_ENDED,
+    RUN_ENDED,
+    PublicItemStatus,
+    RunStatus,
+)
+from recallq.execution.local_queue import LocalRunner
+from recallq.execution.runtime import Runtime
+from recallq.runs import dataset, ingest, item_views, run_views
+from recallq.runs.reads import RunReads
+from recallq.runs.service import RunService
+from recallq.settings import DEFAULT_RETRY_DEADLINE, Settings
+from recallq.state.runs import RunNotFound
+from recallq.state.tables import Run
+from recallq.viewer import text as display
+
+log = logging.getLogger(__name__)
+
+#: Longest pause between two progress polls of a local run.
+POLL_MAX_SECONDS = 0.5
+#: The local database's one project.
+PROJECT = "default"
+#: Idempotency keys of local runs of a file start with this (API keys are the client's own).
+RUN_KEY_PREFIX = "local-run:"
+
+
+def local_runtime(settings: Settings, concurrency: int) -> tuple[Runtime, LocalRunner]:
+    runner = LocalRunner(concurrency, settings.extraction_pack)
+    runtime = Runtime.local(settings, runner)
+    runtime.on_completed = run_views.keep_view
+    install_log_redaction(runtime.redactor)
+    runner.start(runtime.engine)
+    return runtime, runner
+
+
+def check_model(runtime: Runtime, model: str) -> None:
+    """Before anything starts: the model is known and its settings resolve here (this process
+    is the worker, so a key missing from its environment would fail every item)."""
+    runtime.models[ingest.require_known_model(model, runtime.models)].resolved_params()
+
+
+# --- runs of a file: create, or find again and resume ----------------------------------------
+
+
+def run_key(path: Path, spec: ingest.RunSpec, mapping: Mapping[str, str]) -> str:
+    """The idempotency key of a local run of a file: a digest of the file's bytes, the run's
+    fields and the field mapping. The same command on the same file finds the same run."""
+    content = hashlib.sha256()
+    with path.open("rb") as handle:
+        while chunk := handle.read(1 << 20):
+            content.update(chunk)
+    return content_key(content.hexdigest(), spec, mapping)
+
+
+def items_key(items: Sequence[Mapping[str, Any]], spec: ingest.RunSpec) -> str:
+    """The idempotency key of a local run of in-memory items (a list, a DataFrame): a digest
+    of the canonical items and the run's fields, as run_key is of a file."""
+    text = json.dumps(list(items), sort_keys=True, ensure_ascii=False, default=str)
+    return content_key("items:" + hashlib.sha256(text.encode()).hexdigest(), spec, {})
+
+
+def content_key(content: str, spec: ingest.RunSpec, mapping: Mapping[str, str]) -> str:
+    fields = {
+        "file": content,
+        "model": spec.model,
+        "name": spec.name,
+        "scale": spec.scale,
+        "context": spec.context,
+        "context_extractor": spec.context_extractor,
+        "mapping": dict(sorted(mapping.items())),
+    }
+    if spec.retry_deadline_s != DEFAULT_RETRY_DEADLINE:  # keys made before it stay valid
+        fields["retry_deadline_s"] = spec.retry_deadline_s
+    if spec.claims_from is not None:  # absent otherwise: earlier runs keep their keys
+        fields["claims_from"] = spec.claims_from
+    text = json.dumps(fields, sort_keys=True, ensure_ascii=False)
+    return RUN_KEY_PREFIX + hashlib.sha256(text.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Opened:
+    """The run a `recallq run` works on, and how it came to be: `created`, `resumed` (with
+    `resent` items sent again) or `finished` (nothing left to score)."""
+
+    run_id: str
+    how: str
+    resent: int = 0
+    note: str | None = None
+
+
+def create_run(runtime: Runtime, spec: ingest.RunSpec, items: Iterable[Any]) -> str:
+    """A new local run: the run service's submission, with its checks and messages."""
+    return str(RunService(runtime, local=True).submit(spec, items).view["id"])
+
+
+def open_file_run(
+    runtime: Runtime,
+    path: Path,
+    spec: ingest.RunSpec,
+    mapping: Mapping[str, str],
+    fresh: bool = False,
+) -> Opened:
+    """The run of this file with these fields: the one made before (resumed), or a new one.
+    `fresh`, or a run that was cancelled, starts over: the old run keeps its results but
+    hands its key to the new one, so the next plain `recallq run` resumes the new one."""
+    return open_run(
+        runtime,
+        _keyed(path, spec, mapping),
+        lambda: dataset.items_from(path, mapping=mapping),
+        fresh,
+    )
+
+
+def _keyed(path: Path, spec: ingest.RunSpec, mapping: Mapping[str, str]) -> ingest.RunSpec:
+    """The spec with the idempotency key of a local run of this file (run_key)."""
+    return dataclasses.replace(spec, idempotency_key=run_key(path, spec, mapping))
+
+
+def file_run_id(
+    runtime: Runtime, path: Path, spec: ingest.RunSpec, mapping: Mapping[str, str]
+) -> str | None:
+    """The id of the run open_file_run makes or resumes for this file, once it is stored."""
+    keyed = _keyed(path, spec, mapping)
+    with runtime.database.session() as session:
+        found = ingest.find_by_idempotency_key(session, keyed)
+        return None if found is None else found.id
+
+
+def open_run(
+    runtime: Runtime, spec: ingest.RunSpec, items: Callable[[], Iterable[Any]], fresh: bool
+) -> Opened:
+    """The run with `spec`'s idempotency key (see open_file_run), or a new one of `items`."""
+    with runtime.database.session() as session:
+        found = ingest.find_by_idempotency_key(session, spec)
+        status = None if found is None else found.status
+    note = None
+    if found is not None and (fresh or status == RunStatus.CANCELLED):
+        runtime.runs.forget_idempotency_key(found.id)
+        why = "--fresh" if fresh else "it was cancelled"
+        note = f"run {found.id} of this file is kept as it is ({why}); starting a new run"
+        found = None
+    if found is None:
+        return Opened(create_run(runtime, spec, items()), "created", note=note)
+    if status in RUN_ENDED:
+        return Opened(found.id, "finished")
+    return Opened(found.id, "resumed", runtime.runs.resume(found.id, spec.project))
+
+
+def release(runtime: Runtime, run_id: str) -> None:
+    """After Ctrl-C: the items this process handed out go back to pending, so the run reads
+    as interrupted at once (not when their leases run out) and a resume sends them again."""
+    runtime.runs.resume(run_id, PROJECT)
+
+
+# --- scoring ---------------------------------------------------------------------------------
+
+
+def run_view(runtime: Runtime, run_id: str, details: bool = True) -> dict[str, Any]:
+    """The run object, read as every front end reads it (recallq.runs.reads), by the process
+    that scores the run (so never `interrupted`), whatever its project."""
+    with runtime.database.session() as session:
+        run = session.get(Run, run_id)
+        if run is None:
+            raise RunNotFound(run_id)
+        return RunReads.of(runtime).view_of(session, run, details)
+
+
+def process(
+    runtime: Runtime, runner: LocalRunner, run_id: str, progress: bool = True
+) -> dict[str, Any]:
+    """Score a stored run with the local runner; returns the finished run view.
+
+    On Ctrl-C (KeyboardInterrupt) the runner stops taking work, without waiting for the items
+    in flight, and the interrupt goes on to the caller: the run stays as it is, resumable."""
+    from tqdm import tqdm
+
+    view = run_view(runtime, run_id, details=False)
+    # a bar redrawn in place on a terminal; in a log file a line now and then (display.ProgressLine)
+    lines = (
+        display.ProgressLine(sys.stderr) if progress and not display.redraws(sys.stderr) else None
+    )
+    bar = tqdm(
+        total=view["counts"]["total"],
+        unit="item",
+        disable=not progress or lines is not None,
+        file=sys.stderr,
+    )
+    runner.send_dispatch(run_id)
+    pause = 0.05  # small runs end fast; a long one is polled less often (each poll is a scan)
+    try:
+        while True:
+            time.sleep(pause)
+            pause = min(POLL_MAX_SECONDS, pause * 1.25)
+            idle = runner.idle  # before the view: work that ended by now shows in it
+            view = run_view(runtime, run_id, details=False)
+            counts = view["counts"]
+            bar.n = sum(counts[status] for status in PUBLIC_ITEM_ENDED)
+            bar.set_postfix(failed=counts[PublicItemStatus.FAILED], refresh=False)
+            bar.set_description_str(display.paused(view) or "", refresh=False)
+            bar.refresh()
+            ended = view["status"] in RUN_ENDED
+            if lines is not None:
+                lines.show(display.progress_line(view), last=ended)
+            if ended:
+                break
+            if idle:  # nothing in flight, yet the run has not ended: say so, do not hang
+                log.error("run %s stopped with items unended: %s", run_id, counts)
+                break
+    except KeyboardInterrupt:
+        runner.stop(wait=False)
+        raise
+    finally:
+        bar.close()
+    runner.stop()
+    return run_view(runtime, run_id)
+
+
+def write_results(runtime: Runtime, run_id: str, out: Path, format: str | None = None) -> int:
+    """Per-item results with claims, in `format` (by default from the file name, as
+    export.format_for says); the same export as `recallq results`."""
+    from recallq.core import export
+
+    with runtime.database.session() as session, out.open("w", encoding="utf-8") as handle:
+        results = item_views.iter_results(session, run_id)
+        return export.write(results, format or export.format_for(out), handle)
+
+
+def default_concurrency(settings: Settings, model: str) -> int:
+    return 2 if model == "local/lexical" else min(32, settings.worker_concurrency)

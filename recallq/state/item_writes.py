@@ -1,0 +1,233 @@
+"""What the stores share: the tables they write, the guarded UPDATE they build per set of
+columns (owner token and status in its WHERE clause), and the values of an item's usage, success
+and failure. Only the stores (recallq.state.items, batched_items, runs) import it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+from typing import Any, cast
+
+from sqlalchemy import (
+    ColumnElement,
+    Connection,
+    Insert,
+    Table,
+    Update,
+    bindparam,
+    func,
+    select,
+    update,
+)
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
+from sqlalchemy.orm import Session
+
+from recallq.core.outcomes import Stage
+from recallq.core.scoring import Outcome, Verdict
+from recallq.core.status import ITEM_IN_FLIGHT, ItemStatus
+from recallq.core.usage import Usage
+from recallq.observability import metrics
+from recallq.state.tables import Claim, Item, Run, utcnow
+
+items, runs, claims_table = (
+    cast(Table, Item.__table__),
+    cast(Table, Run.__table__),
+    cast(Table, Claim.__table__),
+)
+
+IN_FLIGHT = (
+    select(func.count())
+    .select_from(items)
+    .where(items.c.run_id == bindparam("b_run"), items.c.status.in_(ITEM_IN_FLIGHT))
+)
+# columns that an update adds to instead of setting
+COUNTERS = (
+    "llm_calls",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "cache_hits",
+    "attempts",
+    "call_attempts",
+    "failed_calls",
+    "deferrals",
+    "extraction_calls",
+    "extraction_prompt_tokens",
+    "extraction_completion_tokens",
+    "extraction_cost_usd",
+)
+
+
+@lru_cache
+def _item_update(keys: frozenset[str], match_owner: str, match_status: bool) -> Update:
+    """UPDATE items SET keys WHERE id [AND owner = / IS NULL] [AND status]; counters are
+    increments."""
+    values = {
+        key: items.c[key] + bindparam(f"v_{key}") if key in COUNTERS else bindparam(f"v_{key}")
+        for key in keys
+    }
+    where = [items.c.id == bindparam("b_id")]
+    if match_owner == "value":
+        where.append(items.c.owner == bindparam("b_owner"))
+    elif match_owner == "null":
+        where.append(items.c.owner.is_(None))
+    if match_status:
+        where.append(items.c.status == bindparam("b_status"))
+    return update(items).where(*where).values(values)
+
+
+def update_item(
+    conn: Connection,
+    item_id: int,
+    values: dict[str, Any],
+    owner: str | None = None,
+    status: str | None = None,
+    unowned: bool = False,
+) -> int:
+    match_owner = "null" if unowned else "value" if owner is not None else ""
+    statement = _item_update(frozenset(values), match_owner, status is not None)
+    params = {f"v_{k}": v for k, v in values.items()} | {"b_id": item_id}
+    if owner is not None:
+        params["b_owner"] = owner
+    if status is not None:
+        params["b_status"] = status
+    written: int = conn.execute(statement, params).rowcount
+    if written and "status" in values:
+        metrics.items_moved(values["status"], written)
+    return written
+
+
+def update_items_in_id_order(
+    conn: Connection | Session,
+    *conditions: ColumnElement[bool],
+    values: dict[str, Any],
+    skip_locked: bool = False,
+    limit: int | None = None,
+) -> list[int]:
+    """Lock the matching items in id order, then update them; returns their ids.
+
+    Every writer of several items takes its row locks in the same order, so two of them
+    (a cancel and the reaper, say) never wait on each other in a cycle. With skip_locked,
+    items another transaction holds right now are left for a later pass.
+    """
+    locked = (
+        select(items.c.id)
+        .where(*conditions)
+        .order_by(items.c.id)
+        .limit(limit)
+        .with_for_update(skip_locked=skip_locked)
+    )
+    # one statement whatever the count (a list of ids would hit the driver's parameter limit)
+    statement = (
+        update(items)
+        .where(items.c.id.in_(locked.scalar_subquery()))
+        .values(**values)
+        .returning(items.c.id)
+    )
+    moved = list(conn.execute(statement).scalars())
+    if moved and "status" in values:
+        metrics.items_moved(values["status"], len(moved))
+    return moved
+
+
+def _insert(dialect: str, table: Table) -> postgresql.Insert | sqlite.Insert:
+    """INSERT with the dialect's ON CONFLICT support (Postgres, or SQLite in local mode)."""
+    return (pg_insert if dialect == "postgresql" else sqlite_insert)(table)
+
+
+@lru_cache
+def claims_insert(dialect: str) -> Insert:
+    return _insert(dialect, claims_table).on_conflict_do_nothing().returning(claims_table.c.idx)
+
+
+@lru_cache
+def verdicts_upsert(dialect: str) -> Insert:
+    statement = _insert(dialect, claims_table)
+    return statement.on_conflict_do_update(
+        index_elements=["item_id", "idx"],
+        set_={
+            "text": statement.excluded.text,
+            "verdict": statement.excluded.verdict,
+            "context_indices": statement.excluded.context_indices,
+            "reason": statement.excluded.reason,
+        },
+    )
+
+
+def spent_values(usage: Usage, stage: Stage, cache_hits: int = 0) -> dict[str, Any]:
+    """Increments of an item's usage counters (see COUNTERS). Extraction's usage is also
+    counted apart, so a run's usage can be split by stage (attribution's is the rest). Every
+    extraction share counts there, also those of a packed call that carry tokens but not the
+    call itself: else their tokens would read as attribution's."""
+    spent = {
+        "llm_calls": usage.llm_calls,
+        "prompt_tokens": usage.prompt_tokens,
+        "completion_tokens": usage.completion_tokens,
+        "cost_usd": usage.cost_usd,
+        "cache_hits": cache_hits,
+        "call_attempts": usage.call_attempts,
+        "failed_calls": usage.failed_calls,
+    }
+    if stage == Stage.EXTRACTION:
+        spent |= {
+            "extraction_calls": usage.llm_calls,
+            "extraction_prompt_tokens": usage.prompt_tokens,
+            "extraction_completion_tokens": usage.completion_tokens,
+            "extraction_cost_usd": usage.cost_usd,
+        }
+    return spent
+
+
+def succeeded_values(
+    outcome: Outcome, usage: Usage, stage: Stage, cache_hits: int
+) -> dict[str, Any]:
+    """The values of an item that ends with a score."""
+    return spent_values(usage, stage, cache_hits) | {
+        "status": ItemStatus.SUCCEEDED,
+        "finished_at": utcnow(),
+        "lease_until": None,
+        "waiting_since": None,
+        "score": outcome.score,
+        "reason": outcome.reason,
+        "error": None,
+        "claims_total": outcome.claims_total,
+        "claims_attributed": outcome.claims_attributed,
+    }
+
+
+def failed_values(error: str, usage: Usage, stage: Stage) -> dict[str, Any]:
+    """The values of an item that ends without a score."""
+    return spent_values(usage, stage) | {
+        "status": ItemStatus.FAILED,
+        "finished_at": utcnow(),
+        "lease_until": None,
+        "waiting_since": None,
+        "error": error,
+        "score": None,
+    }
+
+
+def verdict_rows(
+    item_id: int, claims: Sequence[str], verdicts: dict[int, Verdict]
+) -> list[dict[str, Any]]:
+    return [
+        {
+            "item_id": item_id,
+            "idx": i,
+            "text": text,
+            "verdict": verdicts[i].verdict,
+            "context_indices": verdicts[i].context_indices,
+            "reason": verdicts[i].reason,
+        }
+        for i, text in enumerate(claims)
+    ]
+
+
+def charge_cancelled(conn: Connection, item_id: int, values: dict[str, Any]) -> None:
+    """A write that found the item no longer its own because its run was cancelled: the calls
+    it made were still sent and billed, so their usage counts on the cancelled item."""
+    spent = {k: v for k, v in values.items() if k in COUNTERS and k != "attempts" and v}
+    if spent:
+        update_item(conn, item_id, spent, status=ItemStatus.CANCELLED)

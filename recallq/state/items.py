@@ -1,0 +1,364 @@
+"""ItemStore: the moves of one item through its stages (the table of moves: recallq.state)."""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import (
+    Connection,
+    bindparam,
+    exists,
+    select,
+    update,
+)
+
+from recallq.core.outcomes import Deferred, Ended, Skipped, SkipReason, Stage, Taken
+from recallq.core.scoring import Outcome, Verdict
+from recallq.core.status import ITEM_ENDED, ITEM_IN_FLIGHT, ItemStatus, RunStatus
+from recallq.core.usage import Usage
+from recallq.observability import metrics
+from recallq.state.claim_cache import ClaimCache
+from recallq.state.db import Database
+from recallq.state.item_writes import (
+    IN_FLIGHT,
+    charge_cancelled,
+    claims_insert,
+    claims_table,
+    failed_values,
+    items,
+    runs,
+    spent_values,
+    succeeded_values,
+    update_item,
+    update_items_in_id_order,
+    verdict_rows,
+    verdicts_upsert,
+)
+from recallq.state.tables import as_utc, utcnow
+
+TAKE_READ = (
+    select(
+        items.c.key,
+        items.c.status,
+        items.c.owner,
+        items.c.lease_until,
+        items.c.started_at,
+        items.c.ground_truth,
+        items.c.run_id,
+        items.c.waiting_since,
+        runs.c.status.label("run_status"),
+        runs.c.model,
+        runs.c.scale,
+        runs.c.retry_deadline_s,
+        runs.c.project,
+        exists().where(claims_table.c.item_id == items.c.id).label("has_claims"),
+    )
+    .join_from(items, runs, runs.c.id == items.c.run_id)
+    .where(items.c.id == bindparam("item_id"))
+)
+STORED_CLAIMS = (
+    select(claims_table.c.text)
+    .where(claims_table.c.item_id == bindparam("item_id"))
+    .order_by(claims_table.c.idx)
+)
+HAND_OVER = (
+    update(items)
+    .where(
+        items.c.id == bindparam("b_id"),
+        items.c.owner == bindparam("b_owner"),
+        items.c.status == ItemStatus.RUNNING,
+    )
+    .values(owner=bindparam("b_new_owner"), lease_until=bindparam("b_lease"))
+    .returning(items.c.contexts)
+)
+RUN_CONTEXT = select(runs.c.context).where(runs.c.id == bindparam("run_id"))
+# a worker keeps the static contexts of this many runs (each at most the context byte limit)
+RUN_CONTEXTS_KEPT = 16
+RELEASE_NEXT = (
+    update(items)
+    .where(
+        items.c.id.in_(
+            select(items.c.id)
+            .where(items.c.run_id == bindparam("b_run"), items.c.status == ItemStatus.PENDING)
+            .order_by(items.c.id)
+            .limit(bindparam("b_limit"))
+            .with_for_update(skip_locked=True)
+            .scalar_subquery()
+        ),
+        exists().where(runs.c.id == bindparam("b_run"), runs.c.status == RunStatus.RUNNING),
+    )
+    .values(status=ItemStatus.QUEUED, lease_until=bindparam("b_lease"))
+    .returning(items.c.id)
+)
+
+
+class ItemStore:
+    """The moves of one item through its stages (see the module docstring)."""
+
+    def __init__(
+        self,
+        database: Database,
+        lease_seconds: float,
+        queue_lease_seconds: float,
+        dispatch_window: int,
+        release_group: int,
+    ) -> None:
+        """`dispatch_window`: items of one run queued or running at once. `release_group`: how
+        many places must be free before items are released into them, so that they travel
+        (and are extracted) together."""
+        self._db = database
+        self.lease_seconds = lease_seconds
+        self.queue_lease_seconds = queue_lease_seconds
+        self.dispatch_window = dispatch_window
+        self.release_group = min(release_group, dispatch_window)
+        self._run_contexts: OrderedDict[str, list[str]] = OrderedDict()
+        self._run_contexts_lock = threading.Lock()
+
+    def _lease(self, seconds: float | None = None) -> datetime:
+        """Lease of a stage at work (default), or of `seconds`."""
+        return utcnow() + timedelta(seconds=self.lease_seconds if seconds is None else seconds)
+
+    def queue_lease(self) -> datetime:
+        """Lease of an item whose next message waits in the broker. If the message is lost (a
+        worker died holding it unacknowledged), the reaper sends another when this runs out;
+        a duplicate is harmless, the owner token sorts it out."""
+        return self._lease(self.queue_lease_seconds)
+
+    # --- take -------------------------------------------------------------------------------
+
+    def take(
+        self, item_id: int, owner: str, holder_alive: Callable[[str], bool]
+    ) -> Taken | Skipped:
+        """queued|running → running under `owner`, or why not. An item whose run was cancelled
+        becomes cancelled here; one held by a live worker is left to it (a duplicate message).
+
+        The read and the write need no common transaction: the write happens only if nobody
+        moved the item on since the read (its WHERE checks owner and status again)."""
+        now = utcnow()
+        with self._db.single_statement() as conn:
+            row = conn.execute(TAKE_READ, {"item_id": item_id}).one_or_none()
+        if row is None or row.status in ITEM_ENDED:
+            return Skipped(SkipReason.ENDED)
+        if row.status == ItemStatus.PENDING:  # a stale message: dispatch releases it later
+            return Skipped(SkipReason.NOT_RELEASED)
+        if row.status == ItemStatus.BATCHED:  # a batch-mode run's item makes no online call
+            return Skipped(SkipReason.IN_BATCH)
+        if row.run_status == RunStatus.CANCELLED:
+            cancelled = {"status": ItemStatus.CANCELLED, "finished_at": now, "lease_until": None}
+            with self._db.single_statement() as conn:
+                update_item(conn, item_id, cancelled, status=row.status)
+            return Skipped(SkipReason.RUN_CANCELLED)
+        held = row.status == ItemStatus.RUNNING and row.owner and row.lease_until is not None
+        if held and as_utc(row.lease_until) > now and holder_alive(row.owner):
+            return Skipped(SkipReason.HELD)
+        values: dict[str, Any] = {
+            "status": ItemStatus.RUNNING,
+            "owner": owner,
+            "lease_until": self._lease(),
+            "attempts": 1,
+        }
+        if row.started_at is None:  # first taking; a retaken item keeps when it started
+            values["started_at"] = now
+        unchanged = {"owner": row.owner, "status": row.status, "unowned": row.owner is None}
+        with self._db.single_statement() as conn:
+            if not update_item(conn, item_id, values, **unchanged):
+                return Skipped(SkipReason.NOT_OWNED)
+            known = self._stored_claims(conn, item_id) if row.has_claims else None
+        waiting = as_utc(row.waiting_since).timestamp() if row.waiting_since else None
+        return Taken(
+            item_id,
+            owner,
+            row.run_id,
+            row.model,
+            row.scale,
+            row.ground_truth,
+            known,
+            row.retry_deadline_s,
+            waiting,
+            row.project,
+            row.key,
+        )
+
+    def cached_claims(self, key: str) -> list[str] | None:
+        """Claims the claim cache holds for this key (ground truth, model, prompt version)."""
+        with self._db.single_statement() as conn:
+            return ClaimCache.read(conn, [key]).get(key)
+
+    # --- while running ----------------------------------------------------------------------
+
+    def save_claims(
+        self,
+        taken: Taken,
+        claims: Sequence[str],
+        usage: Usage,
+        cache_hit: bool,
+        cache_key: str,
+    ) -> Taken | Skipped:
+        """running → running: the item's claims (and, when freshly extracted, the claim cache)
+        with what their extraction used. The item's next message is on its way: its lease
+        becomes a queue lease. Returns the pass with the claims stored, which are an earlier
+        pass's when that one stored its claims first. The item made progress: whatever it
+        waited out is over."""
+        with self._db.transaction() as conn:
+            values = spent_values(usage, Stage.EXTRACTION, int(cache_hit)) | {
+                "lease_until": self.queue_lease(),
+                "waiting_since": None,
+            }
+            if not self._write_owned(conn, taken, values):
+                return Skipped(SkipReason.NOT_OWNED)
+            if not cache_hit:
+                ClaimCache.write(conn, cache_key, claims)
+            rows = [{"item_id": taken.item_id, "idx": i, "text": t} for i, t in enumerate(claims)]
+            inserted = conn.execute(claims_insert(conn.dialect.name), rows).all()
+            stored = tuple(claims)
+            if len(inserted) != len(claims):
+                stored = self._stored_claims(conn, taken.item_id)
+        return Taken(**{**taken.to_message(), "claims": stored, "waiting_since": None})
+
+    def hand_over(self, taken: Taken, new_owner: str) -> tuple[Taken, list[str]] | Skipped:
+        """running → running under the owner token of the worker running the next stage, so
+        the reaper follows that worker's heartbeat and a duplicate of its message finds the
+        item no longer its own. Returns the pass and the item's resolved contexts."""
+        params = {
+            "b_id": taken.item_id,
+            "b_owner": taken.owner,
+            "b_new_owner": new_owner,
+            "b_lease": self._lease(),
+        }
+        with self._db.single_statement() as conn:
+            row = conn.execute(HAND_OVER, params).one_or_none()
+        if row is None:
+            return Skipped(SkipReason.NOT_OWNED)
+        contexts = row.contexts
+        if contexts is None:  # the run's static context, stored once on the run
+            contexts = self.run_context(taken.run_id)
+        return Taken(**{**taken.to_message(), "owner": new_owner}), list(contexts)
+
+    def run_context(self, run_id: str) -> list[str]:
+        """A run's static context ([] when it has none). It never changes, so a worker keeps
+        the last few it read instead of reading a megabyte per item."""
+        with self._run_contexts_lock:
+            if run_id in self._run_contexts:
+                self._run_contexts.move_to_end(run_id)
+                return self._run_contexts[run_id]
+        with self._db.single_statement() as conn:
+            found = conn.execute(RUN_CONTEXT, {"run_id": run_id}).scalar()
+        context = list(found or [])
+        with self._run_contexts_lock:
+            self._run_contexts[run_id] = context
+            while len(self._run_contexts) > RUN_CONTEXTS_KEPT:
+                self._run_contexts.popitem(last=False)
+        return context
+
+    # --- ending -----------------------------------------------------------------------------
+
+    def succeed(
+        self,
+        taken: Taken,
+        outcome: Outcome,
+        usage: Usage,
+        stage: Stage,
+        verdicts: dict[int, Verdict] | None = None,
+        cache_hits: int = 0,
+    ) -> Ended | Skipped:
+        """running → succeeded with its score, reason and the verdict of every claim; the next
+        pending item of the run is queued in its place. `usage` is what `stage` spent last."""
+        values = succeeded_values(outcome, usage, stage, cache_hits)
+        with self._db.transaction() as conn:
+            if not self._write_owned(conn, taken, values):
+                return Skipped(SkipReason.NOT_OWNED)
+            if verdicts:
+                rows = verdict_rows(taken.item_id, taken.claims or (), verdicts)
+                conn.execute(verdicts_upsert(conn.dialect.name), rows)
+            return Ended(taken.run_id, self._release_next(conn, taken.run_id))
+
+    def fail(self, taken: Taken, error: str, usage: Usage, stage: Stage) -> Ended | Skipped:
+        """running → failed with its error; the next pending item is queued in its place."""
+        values = failed_values(error, usage, stage)
+        with self._db.transaction() as conn:
+            if not self._write_owned(conn, taken, values):
+                return Skipped(SkipReason.NOT_OWNED)
+            return Ended(taken.run_id, self._release_next(conn, taken.run_id))
+
+    def defer(
+        self,
+        taken: Taken,
+        delay: float,
+        usage: Usage,
+        stage: Stage,
+        waiting_since: datetime | None,
+    ) -> Deferred | Skipped:
+        """running → queued, due in `delay` seconds, keeping its claims and usage: its worker
+        slot is given back, and the reaper sends the item again when its lease runs out.
+        `waiting_since` is when it started to wait out a provider incident (None: it waits
+        for something sure to come, as rate-limit capacity)."""
+        until = self._lease(delay)
+        values = spent_values(usage, stage) | {
+            "status": ItemStatus.QUEUED,
+            "owner": None,
+            "lease_until": until,
+            "deferrals": 1,
+            "waiting_since": waiting_since,
+        }
+        with self._db.transaction() as conn:
+            if not self._write_owned(conn, taken, values):
+                return Skipped(SkipReason.NOT_OWNED)
+        return Deferred(until)
+
+    # --- lost work --------------------------------------------------------------------------
+
+    def requeue_lost(self, item_ids: list[int]) -> list[int]:
+        """queued|running → queued for items whose message or worker is gone (the reaper's
+        finding); returns those requeued, whose messages are the caller's to send."""
+        if not item_ids:
+            return []
+        with self._db.transaction() as conn:
+            return update_items_in_id_order(
+                conn,
+                items.c.id.in_(item_ids),
+                items.c.status.in_(ITEM_IN_FLIGHT),
+                values={
+                    "status": ItemStatus.QUEUED,
+                    "owner": None,
+                    "lease_until": self.queue_lease(),
+                },
+                skip_locked=True,
+            )
+
+    def expire_lease(self, item_id: int) -> None:
+        """running → running, due for the reaper now (its message may be lost in an outage)."""
+        with self._db.single_statement() as conn:
+            soon = {"lease_until": self._lease(1)}
+            update_item(conn, item_id, soon, status=ItemStatus.RUNNING)
+
+    # --- internals --------------------------------------------------------------------------
+
+    def _write_owned(self, conn: Connection, taken: Taken, values: dict[str, Any]) -> bool:
+        """Write only while this pass owns the running item. If its run was cancelled
+        meanwhile, the calls this pass made were still sent and billed: their usage counts on
+        the cancelled item, and nothing else of the pass is written."""
+        owned = update_item(
+            conn, taken.item_id, values, owner=taken.owner, status=ItemStatus.RUNNING
+        )
+        if not owned:
+            charge_cancelled(conn, taken.item_id, values)
+        return bool(owned)
+
+    def _release_next(self, conn: Connection, run_id: str) -> tuple[int, ...]:
+        """pending → queued: when a group's worth of places in a running run's dispatch
+        window is free, that many of its pending items take them."""
+        free = self.dispatch_window - conn.execute(IN_FLIGHT, {"b_run": run_id}).scalar_one()
+        if free < self.release_group:
+            return ()
+        params = {"b_run": run_id, "b_lease": self.queue_lease(), "b_limit": free}
+        released = tuple(conn.execute(RELEASE_NEXT, params).scalars())
+        metrics.items_moved(ItemStatus.QUEUED, len(released))
+        return released
+
+    @staticmethod
+    def _stored_claims(conn: Connection, item_id: int) -> tuple[str, ...]:
+        return tuple(conn.execute(STORED_CLAIMS, {"item_id": item_id}).scalars())

@@ -5,8 +5,8 @@ written straight into a fresh Postgres database with COPY, as the workers would 
 them (scoring 100k items for real takes half an hour: the `big` section does that), then
 VACUUM ANALYZEd as autovacuum would soon after such a load. The API serves them (keys off, as
 every bench section runs); each page and its /v1 twin is requested over HTTP: first with no view of
-the runs kept (recallq.state.kept: the first view of a completed run computes it), then warmed up and
-timed (median and p95, the views kept), against the issue's bound of 300 ms.
+the runs kept (recallq.state.kept: the first view of a completed run computes it), then warmed up
+and timed (median and p95, the views kept), against the issue's bound of 300 ms.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 The API's CPU (psutil) is compared between windows of the same length with and without
 scrapes, alternating, while two workers score the run (the API answers the run's status polls
-in both). The work-waiting query is cached for recallq.observability.gauges.CACHE_SECONDS, so scrapes are
-timed at Prometheus's shortest usual interval (1 s: one in five runs the query) and, apart,
-the query itself (uncached) from this process against the same database.
+in both). The work-waiting query is cached for recallq.observability.gauges.CACHE_SECONDS, so
+scrapes are timed at Prometheus's shortest usual interval (1 s: one in five runs the query) and,
+apart, the query itself (uncached) from this process against the same database.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ from sqlalchemy.exc import DBAPIError
 
 from recallq.cli.parser import build_parser
 from recallq.client import ApiError
-from recallq.core.gates import CommandError
+from recallq.core.exits import CommandError
 from recallq.core.redact import redact_url
 from recallq.judge.models import JudgeModelsError
 from recallq.runs.dataset import DatasetError

@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 from recallq.client import Client
 from recallq.core import export
-from recallq.core.gates import CommandError
+from recallq.core.exits import CommandError
 from recallq.core.groups import UnknownField
 from recallq.labels.service import LabelService
 from recallq.labels.store import LabelError

@@ -28,7 +28,7 @@ from recallq.cli.backends import add_api_option, api_url, open_backend, open_loc
 from recallq.cli.output import print_json, print_run
 from recallq.client import Client
 from recallq.core import gates
-from recallq.core.gates import CommandError, Exit
+from recallq.core.exits import CommandError, Exit
 from recallq.labels import store as labels
 from recallq.labels.service import LabelService
 from recallq.labels.store import LabelError

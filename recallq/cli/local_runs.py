@@ -18,7 +18,7 @@ from typing import Any, TextIO
 from recallq.cli.backends import LocalBackend, not_found, open_local_database
 from recallq.cli.reports import REPORT_LOWEST, write_report
 from recallq.core import gates
-from recallq.core.gates import CommandError, Exit
+from recallq.core.exits import CommandError, Exit
 from recallq.core.groups import UnknownField
 from recallq.core.status import RUN_ENDED, PublicItemStatus
 from recallq.execution.local_queue import LocalRunner

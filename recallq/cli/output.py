@@ -10,7 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
-from recallq.core.gates import CommandError
+from recallq.core.exits import CommandError
 from recallq.viewer import text as display
 
 

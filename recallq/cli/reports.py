@@ -9,7 +9,7 @@ from pathlib import Path
 
 from recallq.cli.backends import Backend
 from recallq.cli.output import output_file
-from recallq.core.gates import CommandError
+from recallq.core.exits import CommandError
 
 REPORT_LOWEST = 25
 MAX_REPORT_LOWEST = 500  # each shown item is read in full: a bound on the report's size

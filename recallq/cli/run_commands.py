@@ -20,7 +20,7 @@ from recallq.cli.output import output_file, print_json, print_run
 from recallq.cli.reports import write_report
 from recallq.client import ApiError, Client
 from recallq.core import gates
-from recallq.core.gates import CommandError, Exit
+from recallq.core.exits import CommandError, Exit
 from recallq.core.status import RUN_ACTIVE, RunStatus
 from recallq.runs.ingest import SubmissionError
 from recallq.settings import Settings

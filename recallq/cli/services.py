@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import socket
 
-from recallq.core.gates import CommandError
+from recallq.core.exits import CommandError
 from recallq.viewer.text import database_label
 
 

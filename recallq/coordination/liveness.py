@@ -105,8 +105,8 @@ class HeldItems:
     the whole set with every heartbeat: writing each change through cost two Redis round trips
     per task (about a fifth of a worker's CPU per item, measured with the lexical judge). A
     message received since the last beat is not in the set yet, but the reaper takes only
-    messages unacknowledged for longer than the heartbeat TTL (recallq.execution.reaper), which a beat
-    always precedes; an item finished since the last beat may still be in it, and requeueing
+    messages unacknowledged for longer than the heartbeat TTL (recallq.execution.reaper), which a
+    beat always precedes; an item finished since the last beat may still be in it, and requeueing
     an ended item changes nothing (recallq.state.store)."""
 
     def __init__(self, redis: Redis, worker_id: str) -> None:

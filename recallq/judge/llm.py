@@ -1,8 +1,8 @@
 """The litellm adapter: any provider in the models file, speaking judge protocol v1.
 
 Importing this module imports litellm (about 6 s of CPU): only code that calls a model does.
-The only retry loop for judge calls lives in recallq.judge.backoff; litellm's and the OpenAI SDK's own
-retries are switched off here so attempts never multiply. A judge call is one call (limits,
+The only retry loop for judge calls lives in recallq.judge.backoff; litellm's and the OpenAI SDK's
+own retries are switched off here so attempts never multiply. A judge call is one call (limits,
 call gate, circuit breaker, retries); an answer not in the schema's shape raises
 MalformedAnswer, and whether to send a repair request is recallq.pipeline's decision.
 """

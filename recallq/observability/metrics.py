@@ -2,8 +2,8 @@
 
     events   the store, the judge, the rate limiter, the breaker and the batch lane call the
              hook functions below at one place each: counters and histograms of this process
-    state    read when Prometheus scrapes (recallq.observability.gauges): the breaker of every model,
-             and on the API the work waiting across active runs and the pending batches
+    state    read when Prometheus scrapes (recallq.observability.gauges): the breaker of every
+             model, and on the API the work waiting across active runs and the pending batches
 
 Labels are of low cardinality only: a model named in the models file, a stage, an outcome, a
 status, a route template. Never a run, an item, a key or a project: every process's series stay
@@ -22,7 +22,7 @@ import prometheus_client
 from prometheus_client import Counter, Histogram
 from prometheus_client.registry import REGISTRY, Collector
 
-from recallq.core.gates import CommandError
+from recallq.core.exits import CommandError
 from recallq.core.status import ITEM_ENDED
 
 log = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
-"""Views of completed runs, kept: what recallq.runs.queries derives from a completed run's items (its
-run object's aggregates, a group summary, a comparison of two completed runs) is computed once
+"""Views of completed runs, kept: what recallq.runs.queries derives from a completed run's items
+(its run object's aggregates, a group summary, a comparison of two completed runs) is computed once
 and read back from `kept_views` after that.
 
 A completed run's items no longer change until a retry re-opens it; a new completion sets a

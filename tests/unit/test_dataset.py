@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from recallq.runs import dataset
+from recallq.runs import data_files, dataset
 from recallq.runs.dataset import (
     FIELD_ALIASES,
     MAX_METADATA_BYTES,
@@ -336,7 +336,7 @@ def test_a_null_duplicate_is_not_ambiguous():
 )
 def test_typo_of_a_missing_field_is_an_error_with_a_hint(field, hint):
     record = {"id": "q3", "input": "i", "ground_truth": "g", "context": ["c"]}
-    canonical = dataset._ALIAS_TO_FIELD.get(hint, hint)
+    canonical = data_files.ALIAS_TO_FIELD.get(hint, hint)
     del record[canonical]
     record[field] = "value"
     label = "item 3" if canonical == "id" else "item 3 (q3)"
@@ -474,7 +474,7 @@ def test_json_array_error_far_into_a_big_file_is_reported_at_its_line(tmp_path):
 
 def test_json_array_syntax_error_is_reported_without_reading_on(tmp_path):
     # The bad byte far behind the error would be reported if the reader kept reading.
-    content = b'[{"id": tru},\n' + b" " * (dataset._CHUNK_BYTES * 4) + b'{"id": "\xff"}]'
+    content = b'[{"id": tru},\n' + b" " * (data_files._CHUNK_BYTES * 4) + b'{"id": "\xff"}]'
     path = write(tmp_path, "data.json", content)
     assert (
         error_of(read_records, path) == f"{path} line 1: invalid JSON: Expecting value at column 9"
@@ -484,7 +484,7 @@ def test_json_array_syntax_error_is_reported_without_reading_on(tmp_path):
 @pytest.mark.parametrize("chunk_bytes", [1, 2, 3, 5, 8, 13])
 def test_json_array_any_chunk_boundary(tmp_path, monkeypatch, chunk_bytes):
     """Every token of the array straddles a chunk boundary at some chunk size."""
-    monkeypatch.setattr(dataset, "_CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(data_files, "_CHUNK_BYTES", chunk_bytes)
     records = [
         {"id": "é\u00e9😀", "n": -1.25e-3, "t": True, "f": False, "z": None, "l": [1, [2]]},
         {"s": 'quote " and \\ backslash', "inf": 1e308, "empty": {}},
@@ -754,7 +754,7 @@ def test_dataframe():
 
 def test_dataframe_larger_than_one_slice():
     pandas = pytest.importorskip("pandas")
-    n = dataset._FRAME_CHUNK_ROWS * 2 + 5
+    n = data_files._FRAME_CHUNK_ROWS * 2 + 5
     frame = pandas.DataFrame({"id": [f"q{i}" for i in range(n)], "reference": ["r"] * n})
     assert [item["id"] for item in items_from(frame)] == [f"q{i}" for i in range(n)]
 

@@ -1,4 +1,5 @@
-"""recallq.runs.estimate: what a run would take, per the engine's rules and the protocol's prompts."""
+"""recallq.runs.estimate: what a run would take, per the engine's rules and the protocol's
+prompts."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Exit codes and gates (recallq.core.gates), and what the CLI prints about runs (recallq.viewer.text)."""
+"""Exit codes and gates (recallq.core.gates), and what the CLI prints about runs
+(recallq.viewer.text)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from typing import Any
 import pytest
 
 from recallq.core import gates
-from recallq.core.gates import Exit, Gate
+from recallq.core.exits import Exit
+from recallq.core.gates import Gate
 from recallq.viewer import text as display
 
 VIEW: dict[str, Any] = {

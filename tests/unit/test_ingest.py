@@ -1,4 +1,5 @@
-"""Unit tests for recallq.runs.ingest: submission validation and writing a run (temp SQLite file)."""
+"""Unit tests for recallq.runs.ingest: submission validation and writing a run (temp SQLite
+file)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Unit tests for recallq.core.scoring: the scoring rules (ground truth, claims, verdicts, reason)."""
+"""Unit tests for recallq.core.scoring: the scoring rules (ground truth, claims, verdicts,
+reason)."""
 
 from __future__ import annotations
 

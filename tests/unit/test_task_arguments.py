@@ -1,6 +1,6 @@
 """A worker reads which items a task message is about by argument name, whether the message
-carries them by name (what recallq.execution.celery_queue sends) or by position (messages of an older
-sender still in the queue)."""
+carries them by name (what recallq.execution.celery_queue sends) or by position (messages of an
+older sender still in the queue)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The shapes the HTTP API sends and takes, for its OpenAPI document.
 
-They document; they do not filter: routes return the read models of recallq.runs.queries as they
+They document; they do not filter: routes return the read models of recallq.runs.reads as they
 are, and these models allow extra fields, so a field added there is never dropped on the way
 out (the spec only promises the fields listed here).
 """

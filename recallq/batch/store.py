@@ -15,7 +15,7 @@ run was cancelled or deleted is dropped before the provider sees it, or cancelle
 A request line is `ready` until a batch takes it, `sent` while in one, then `answered`,
 `failed` (the provider did not answer it) or `dropped` (its batch never reached the
 provider). Closing a line is guarded by its state, and the lane closes it in the same
-transaction as the item write its answer causes (recallq.state.store.BatchedItemStore), so an
+transaction as the item write its answer causes (recallq.state.batched_items), so an
 answer is applied exactly once, whatever crashes, however often a poll starts again.
 """
 

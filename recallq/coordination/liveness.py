@@ -107,7 +107,7 @@ class HeldItems:
     message received since the last beat is not in the set yet, but the reaper takes only
     messages unacknowledged for longer than the heartbeat TTL (recallq.execution.reaper), which a
     beat always precedes; an item finished since the last beat may still be in it, and requeueing
-    an ended item changes nothing (recallq.state.store)."""
+    an ended item changes nothing (recallq.state.items)."""
 
     def __init__(self, redis: Redis, worker_id: str) -> None:
         self._redis = redis

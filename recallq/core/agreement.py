@@ -11,7 +11,7 @@ sample's difference is bootstrapped over items (claims of one item share a groun
 context, so they are not independent) and the all-items part adds its own normal error.
 A claim of a sampled item that nobody labelled counts as the judge said (difference 0).
 
-Samples are drawn among items with claims (recallq.labels.store): an item without claims has no
+Samples are drawn among items with claims (recallq.labels.sampling): an item without claims has no
 verdict a person could correct, so its difference is exactly 0, and the sample's mean
 difference is scaled by the share of scored items that have claims.
 

@@ -14,7 +14,7 @@ pairs (the API answers a comparison while the caller waits).
 The statistics (:func:`summarise`) read a :class:`Pairing`: how many items paired, the scored
 pairs counted by (base score, candidate score), every scored pair only when the bootstrap
 needs them, the largest changes and the flipped claims. :func:`pair` builds it from items in
-memory; recallq.runs.queries builds the same from the database, where a 100k-item comparison
+memory; recallq.runs.comparisons builds the same from the database, where a 100k-item comparison
 moves a few hundred rows instead of every item and claim.
 """
 
@@ -153,7 +153,7 @@ def pair(
     top: int = 10,
     by: str | None = None,
 ) -> Pairing:
-    """Items in memory paired by key (what recallq.runs.queries asks the database for)."""
+    """Items in memory paired by key (what recallq.runs.comparisons asks the database for)."""
     if top < 0:
         raise ValueError("top must be 0 or more")
     base_items, candidate_items = _by_key(base, "base"), _by_key(candidate, "candidate")

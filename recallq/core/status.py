@@ -1,7 +1,7 @@
 """The states of items and runs, and the moves allowed between them.
 
-Only `recallq.state.store` moves anything from one state to another; its methods name each move
-(see the store's module docstring for which method makes which move, under which guard).
+Only the stores of `recallq.state` move anything from one state to another; their methods name
+each move (the package's docstring says which method makes which move, under which guard).
 
     item:  pending → queued → running → succeeded | failed
            running → queued             (deferred, or its worker was lost)

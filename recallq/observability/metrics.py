@@ -88,7 +88,7 @@ HTTP_REQUEST_SECONDS = Histogram(
 
 
 def items_moved(status: str, count: int) -> None:
-    """recallq.state.store: `count` items moved into `status` (the write was made)."""
+    """The stores (recallq.state): `count` items moved into `status` (the write was made)."""
     ITEM_TRANSITIONS.labels(str(status)).inc(count)
     if status in ITEM_ENDED:
         ITEMS_ENDED.labels(str(status)).inc(count)

@@ -1,6 +1,6 @@
-"""Views of completed runs, kept: what recallq.runs.queries derives from a completed run's items
-(its run object's aggregates, a group summary, a comparison of two completed runs) is computed once
-and read back from `kept_views` after that.
+"""Views of completed runs, kept: what recallq.runs.run_views and comparisons derive from a
+completed run's items (its run object's aggregates, a group summary, a comparison of two completed
+runs) is computed once and read back from `kept_views` after that.
 
 A completed run's items no longer change until a retry re-opens it; a new completion sets a
 new finished_at, part of the key, so the view is computed again. Only completed runs are kept:

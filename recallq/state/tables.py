@@ -280,7 +280,7 @@ class BatchLine(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
-# --- human labels (recallq.labels.store) ---------------------------------------------------------
+# --- human labels (recallq.labels) ----------------------------------------------------------------
 
 
 class ClaimLabel(Base):

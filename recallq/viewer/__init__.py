@@ -2,7 +2,7 @@
 render the same Jinja2 templates and partials (templates/partials: the run summary, an item's
 claims and passages, the comparison), with the one stylesheet (static/viewer.css).
 
-Templates take the plain dicts of recallq.runs.queries, so a page shows the numbers the JSON API
+Templates take the plain dicts of recallq.runs.reads, so a page shows the numbers the JSON API
 returns. Partials take an optional `item_url` (a callable: item id -> href) so the report can
 link within its own file.
 """

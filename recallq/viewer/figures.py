@@ -1,7 +1,7 @@
 """What the pages draw, as plain numbers: histogram bars and scatter points in an SVG's
 coordinates, and the passages of an item cut into spans marked with the claims they support.
 
-Pure functions of the dicts the queries return (recallq.runs.queries), so the served pages and the
+Pure functions of the dicts the queries return (recallq.runs.reads), so the served pages and the
 offline report draw the same figures.
 """
 
@@ -108,7 +108,7 @@ def scatter(
     """Points of (key, base score, candidate score) pairs: base across, candidate up. Above
     MAX_SCATTER_POINTS pairs, an even sample of them in key order (the same every time);
     `total` says how many pairs there are when `pairs` is already such a sample
-    (recallq.runs.queries.compare_runs). Each point is nudged by a small offset derived from its
+    (recallq.runs.comparisons.compare_runs). Each point is nudged by a small offset derived from its
     key, so the many items sharing a score (scores are rounded) show as a cloud rather than
     one dot."""
     ordered = sorted(pairs)

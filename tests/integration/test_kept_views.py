@@ -1,7 +1,7 @@
-"""Views of completed runs are kept (recallq.state.kept, through recallq.runs.queries), on Postgres
-and on SQLite: a completed run's run object, group summary and comparison are computed once and read
-back; a retried run that completes again gets its new numbers; active and cancelled runs are
-never kept; a run's kept views go with it; a view that cannot be kept is still read."""
+"""Views of completed runs are kept (recallq.state.kept, through recallq.runs.run_views), on
+Postgres and on SQLite: a completed run's run object, group summary and comparison are computed
+once and read back; a retried run that completes again gets its new numbers; active and cancelled
+runs are never kept; a run's kept views go with it; a view that cannot be kept is still read."""
 
 from __future__ import annotations
 

@@ -82,9 +82,9 @@ class Client:
 
     def __init__(self, api_url: str, api_key: str | None = None, *, timeout: float = 60.0) -> None:
         if api_key is None:
-            from recallq.settings import read_settings  # pydantic-settings only when needed
+            from recallq.settings import read_client_settings  # pydantic-settings when needed
 
-            api_key = read_settings().api_key  # a library entry point: the documented default
+            api_key = read_client_settings().api_key  # the documented default
         self.api_url = base_url(api_url)
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self._http = httpx.Client(

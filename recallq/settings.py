@@ -26,8 +26,23 @@ def read_settings(**overrides: Any) -> Settings:
     return Settings(**overrides)
 
 
-class Settings(BaseSettings):
+def read_client_settings() -> ClientSettings:
+    """What `recallq.Client` reads, where a notebook's process starts it: only its own two
+    settings, so a malformed RECALLQ_* variable it does not use cannot break it."""
+    return ClientSettings()
+
+
+class ClientSettings(BaseSettings):
+    """The settings of a client of the API: the CLI's client commands and recallq.Client (no
+    API URL: the local database)."""
+
     model_config = SettingsConfigDict(env_prefix="RECALLQ_", extra="ignore")
+
+    api_url: str | None = None
+    api_key: str | None = None
+
+
+class Settings(ClientSettings):
 
     database_url: str = DEFAULT_LOCAL_DATABASE_URL
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -63,10 +78,6 @@ class Settings(BaseSettings):
     breaker_consecutive_failures: int = 8  # ...or after this many in a row
     breaker_cool_down: float = 5.0  # first wait before a probe; doubles per failed probe
     breaker_max_cool_down: float = 300.0
-
-    # clients: the CLI's client commands and recallq.Client (no API URL: the local database)
-    api_url: str | None = None
-    api_key: str | None = None
 
     # the provider batch lane (batch-mode runs; recallq.batch.lane)
     batch_poll_interval: float = 30.0  # how often one worker polls the providers' batches

@@ -83,6 +83,7 @@ def test_the_environment_is_read_only_at_the_edges() -> None:
         _relative(path): lines
         for path in _sources()
         if (lines := _calls(ast.parse(path.read_text()), "read_settings"))
+        or (lines := _calls(ast.parse(path.read_text()), "read_client_settings"))
     }
     readers.pop("recallq/settings.py", None)
     assert set(readers) <= EDGES, set(readers) - EDGES
@@ -139,3 +140,17 @@ def test_the_cli_package_has_no_import_cycle() -> None:
     # and the old tangle is gone: the library's modules import no CLI module
     for path in (REPO / "recallq").glob("*.py"):
         assert not _imports(path, "recallq.cli"), path
+
+
+def test_a_client_reads_only_its_own_settings(monkeypatch) -> None:
+    """recallq.Client defaults its key from RECALLQ_API_KEY and reads nothing else: a
+    malformed setting it does not use (a worker's, say) cannot break it."""
+    from recallq.client import Client
+
+    monkeypatch.setenv("RECALLQ_WORKER_CONCURRENCY", "many")
+    monkeypatch.setenv("RECALLQ_API_KEY", "rq_from_the_environment")
+    client = Client("http://127.0.0.1:9")
+    try:
+        assert client._http.headers["Authorization"] == "Bearer rq_from_the_environment"
+    finally:
+        client.close()

@@ -43,7 +43,6 @@ class ClientSettings(BaseSettings):
 
 
 class Settings(ClientSettings):
-
     database_url: str = DEFAULT_LOCAL_DATABASE_URL
     redis_url: str = "redis://127.0.0.1:6379/0"
     models_file: Path | None = None

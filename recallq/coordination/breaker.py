@@ -115,14 +115,17 @@ class CircuitBreaker(Protocol):
 
 
 @dataclass(frozen=True)
-class _Settings:
-    window_s: float
-    min_calls: int
-    failure_ratio: float
-    consecutive_failures: int
-    base_cool_down: float
-    max_cool_down: float
-    probe_timeout: float
+class BreakerSettings:
+    """When a model's breaker opens and how long it waits: the same for both breakers (the
+    RECALLQ_BREAKER_* settings; Runtime.breaker builds them)."""
+
+    window_s: float = 30.0  # seconds of outcomes it looks at
+    min_calls: int = 10  # outcomes in the window before the failure ratio counts
+    failure_ratio: float = 0.5  # opens at this share of transient failures...
+    consecutive_failures: int = 5  # ...or after this many in a row
+    base_cool_down: float = 5.0  # first wait before a probe; doubles per failed probe
+    max_cool_down: float = 300.0
+    probe_timeout: float = 60.0  # a probe is dead only once its call could no longer run
 
     def __post_init__(self) -> None:
         if self.window_s <= 0 or self.probe_timeout <= 0:
@@ -164,37 +167,22 @@ class RedisCircuitBreaker:
     def __init__(
         self,
         redis: Redis,
+        settings: BreakerSettings = BreakerSettings(),
         *,
-        window_s: float = 30.0,
-        min_calls: int = 10,
-        failure_ratio: float = 0.5,
-        consecutive_failures: int = 5,
-        base_cool_down: float = 5.0,
-        max_cool_down: float = 300.0,
-        probe_timeout: float = 60.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        settings = _Settings(
-            window_s,
-            min_calls,
-            failure_ratio,
-            consecutive_failures,
-            base_cool_down,
-            max_cool_down,
-            probe_timeout,
-        )
         self._redis = redis
         self._clock = clock
         self._script = scripts.register(redis, "breaker")
         self._settings_args = [
-            window_s,
+            settings.window_s,
             _BUCKETS,
-            min_calls,
-            failure_ratio,
-            consecutive_failures,
-            base_cool_down,
-            max_cool_down,
-            probe_timeout,
+            settings.min_calls,
+            settings.failure_ratio,
+            settings.consecutive_failures,
+            settings.base_cool_down,
+            settings.max_cool_down,
+            settings.probe_timeout,
             settings.linger,
         ]
 
@@ -277,25 +265,11 @@ class LocalCircuitBreaker:
 
     def __init__(
         self,
+        settings: BreakerSettings = BreakerSettings(),
         *,
-        window_s: float = 30.0,
-        min_calls: int = 10,
-        failure_ratio: float = 0.5,
-        consecutive_failures: int = 5,
-        base_cool_down: float = 5.0,
-        max_cool_down: float = 300.0,
-        probe_timeout: float = 60.0,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self._settings = _Settings(
-            window_s,
-            min_calls,
-            failure_ratio,
-            consecutive_failures,
-            base_cool_down,
-            max_cool_down,
-            probe_timeout,
-        )
+        self._settings = settings
         self._clock = clock
         self._lock = threading.Lock()
         self._models: dict[str, _ModelState] = {}

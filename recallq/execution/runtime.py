@@ -24,6 +24,7 @@ from redis import Redis
 from recallq.batch.lane import BatchLane
 from recallq.batch.store import LaneStore
 from recallq.coordination.breaker import (
+    BreakerSettings,
     CircuitBreaker,
     LocalCircuitBreaker,
     RedisCircuitBreaker,
@@ -149,19 +150,19 @@ class Runtime:
         """The circuit breaker of every model: in Redis, shared by all workers; in local mode,
         this process's own."""
         settings = self.settings
-        options: dict[str, Any] = {
-            "window_s": settings.breaker_window,
-            "min_calls": settings.breaker_min_calls,
-            "failure_ratio": settings.breaker_failure_ratio,
-            "consecutive_failures": settings.breaker_consecutive_failures,
-            "base_cool_down": settings.breaker_cool_down,
-            "max_cool_down": settings.breaker_max_cool_down,
+        options = BreakerSettings(
+            window_s=settings.breaker_window,
+            min_calls=settings.breaker_min_calls,
+            failure_ratio=settings.breaker_failure_ratio,
+            consecutive_failures=settings.breaker_consecutive_failures,
+            base_cool_down=settings.breaker_cool_down,
+            max_cool_down=settings.breaker_max_cool_down,
             # a probe is dead only once its call could no longer be running
-            "probe_timeout": settings.request_timeout + 5.0,
-        }
+            probe_timeout=settings.request_timeout + 5.0,
+        )
         if self.redis is None:
-            return LocalCircuitBreaker(**options)
-        return RedisCircuitBreaker(self.redis, **options)
+            return LocalCircuitBreaker(options)
+        return RedisCircuitBreaker(self.redis, options)
 
     @cached_property
     def judges(self) -> JudgeRegistry:

@@ -15,6 +15,7 @@ import redis
 from recallq.coordination import keys
 from recallq.coordination.breaker import (
     MAX_RETRY_AFTER,
+    BreakerSettings,
     BreakerState,
     CircuitBreaker,
     Closed,
@@ -61,9 +62,12 @@ def breakers(request: pytest.FixtureRequest, clock: FakeClock) -> Breakers:
     def make(count: int = 1, **settings: Any) -> list[CircuitBreaker]:
         if request.param == "local":
             # local mode is one process: its "workers" are threads sharing one breaker
-            return [LocalCircuitBreaker(clock=clock, **settings)] * count
+            return [LocalCircuitBreaker(BreakerSettings(**settings), clock=clock)] * count
         client = request.getfixturevalue("redis_server")
-        return [RedisCircuitBreaker(client, clock=clock, **settings) for _ in range(count)]
+        return [
+            RedisCircuitBreaker(client, BreakerSettings(**settings), clock=clock)
+            for _ in range(count)
+        ]
 
     return make
 
@@ -329,11 +333,11 @@ def test_models_are_independent(breakers: Breakers, model: str) -> None:
 
 def test_settings_are_checked() -> None:
     with pytest.raises(ValueError):
-        LocalCircuitBreaker(base_cool_down=10.0, max_cool_down=5.0)
+        BreakerSettings(base_cool_down=10.0, max_cool_down=5.0)
     with pytest.raises(ValueError):
-        LocalCircuitBreaker(failure_ratio=0.0)
+        BreakerSettings(failure_ratio=0.0)
     with pytest.raises(ValueError):
-        LocalCircuitBreaker(min_calls=0)
+        BreakerSettings(min_calls=0)
 
 
 def _dirty(client: redis.Redis) -> int:
@@ -355,7 +359,8 @@ def test_asking_an_open_breaker_writes_nothing(
 def test_every_key_expires_when_idle(redis_server: redis.Redis, model: str) -> None:
     """Real time here: Redis expires keys by its own clock."""
     breaker = RedisCircuitBreaker(
-        redis_server, window_s=0.2, base_cool_down=0.2, max_cool_down=0.4, probe_timeout=0.3
+        redis_server,
+        BreakerSettings(window_s=0.2, base_cool_down=0.2, max_cool_down=0.4, probe_timeout=0.3),
     )
     key = keys.breaker(model)
     breaker.record_success(model)

@@ -84,7 +84,7 @@ def litellm_cpu_ms(stub_base_url: str, calls: int = 200) -> float:
     from recallq.coordination.call_gate import OpenGate
     from recallq.coordination.ratelimit import Unlimited
     from recallq.core.usage import Usage
-    from recallq.judge.backoff import RetryPolicy
+    from recallq.judge.backoff import Backoff
     from recallq.judge.llm import LLMJudge
     from recallq.judge.models import ModelConfig
 
@@ -92,7 +92,7 @@ def litellm_cpu_ms(stub_base_url: str, calls: int = 200) -> float:
         "stub-judge",
         {"model": "openai/stub-judge", "api_base": stub_base_url, "api_key": "sk-bench"},
     )
-    judge = LLMJudge(config, RetryPolicy(), Unlimited(), OpenGate(), LocalCircuitBreaker(), 60)
+    judge = LLMJudge(config, Backoff(), Unlimited(), OpenGate(), LocalCircuitBreaker(), 60)
     for _ in range(20):
         judge.extract_claims("Ada Lovelace was born in 1815.", "bench")
     start = time.process_time()

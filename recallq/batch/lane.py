@@ -376,7 +376,7 @@ class BatchLane:
             log.warning("batch %s: %s; its items fail", batch.id, exc)
             results, unanswered = {}, LineFailure(str(exc), transient=False)
         else:
-            unanswered = _unanswered(info)
+            unanswered = _missing_result(info)
         applied = self._apply(batch, results, unanswered)
         self.store.done(batch.id)
         log.info("batch %s: %d result(s) applied", batch.id, applied)
@@ -539,7 +539,7 @@ def _seconds(moment: datetime | None) -> float | None:
     return None if moment is None else as_utc(moment).timestamp()
 
 
-def _unanswered(info: BatchInfo) -> LineFailure:
+def _missing_result(info: BatchInfo) -> LineFailure:
     """What a request of this ended batch that has no result line gets: another try."""
     if info.status == "completed":
         return UNANSWERED

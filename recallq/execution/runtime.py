@@ -36,7 +36,7 @@ from recallq.core.redact import Redactor, redact_url
 from recallq.execution.engine import Engine, WorkQueue
 from recallq.execution.reaper import Reaper
 from recallq.execution.retention import Retention
-from recallq.judge.backoff import RetryPolicy
+from recallq.judge.backoff import Backoff
 from recallq.judge.base import Judge
 from recallq.judge.by_model import JudgeRegistry
 from recallq.judge.models import ModelConfig, load_models
@@ -167,9 +167,7 @@ class Runtime:
     @cached_property
     def judges(self) -> JudgeRegistry:
         settings = self.settings
-        policy = RetryPolicy(
-            settings.max_attempts, settings.retry_base_delay, settings.retry_max_delay
-        )
+        policy = Backoff(settings.max_attempts, settings.retry_base_delay, settings.retry_max_delay)
         return JudgeRegistry(
             self.models,
             self._limiter_for,

@@ -1,4 +1,6 @@
-"""The one retry loop for judge calls: exponential backoff with full jitter, Retry-After honoured.
+"""The one backoff loop for judge calls: exponential backoff with full jitter, Retry-After
+honoured. (A run's `retry` re-queues its failed items; its `retry_deadline_s` bounds how long an
+item waits out a provider incident: neither is this.)
 
 Retries sleep in the calling thread (bounded by max_delay and max_attempts), so they never sit in
 a worker's memory as countdown tasks. Anything longer is the engine's: a long rate-limit wait
@@ -26,7 +28,7 @@ T = TypeVar("T")
 
 
 @dataclass(frozen=True)
-class RetryPolicy:
+class Backoff:
     max_attempts: int = 5
     base_delay: float = 0.5
     max_delay: float = 30.0
@@ -39,9 +41,9 @@ class RetryPolicy:
         return min(backoff, self.max_delay)
 
 
-def call_with_retries(
+def call_with_backoff(
     attempt: Callable[[], T],
-    policy: RetryPolicy,
+    policy: Backoff,
     sleep: Callable[[float], None] = time.sleep,
 ) -> tuple[T, Usage]:
     """The answer of the first attempt that succeeds, and the requests it took.

@@ -11,7 +11,7 @@ from recallq.coordination.call_gate import CallGate
 from recallq.coordination.ratelimit import RateLimiter
 from recallq.core.errors import PermanentJudgeError
 from recallq.core.redact import Redactor
-from recallq.judge.backoff import RetryPolicy
+from recallq.judge.backoff import Backoff
 from recallq.judge.base import Judge
 from recallq.judge.lexical import LexicalJudge
 from recallq.judge.models import LEXICAL, JudgeModelsError, ModelConfig, pack_size
@@ -25,7 +25,7 @@ class JudgeRegistry:
         limiter_for: Callable[[ModelConfig], RateLimiter],
         gate: CallGate,
         breaker: CircuitBreaker,
-        policy: RetryPolicy,
+        policy: Backoff,
         request_timeout: float,
         extraction_pack: int,
         judges: Mapping[str, Judge] | None = None,

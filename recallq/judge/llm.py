@@ -29,7 +29,7 @@ from recallq.core.errors import (
 from recallq.core.redact import Redactor
 from recallq.core.usage import Usage
 from recallq.judge import protocol
-from recallq.judge.backoff import RetryPolicy, call_with_retries
+from recallq.judge.backoff import Backoff, call_with_backoff
 from recallq.judge.base import JudgeReply, PackedReply, Repair
 from recallq.judge.models import ModelConfig
 from recallq.observability import metrics
@@ -117,7 +117,7 @@ class LLMJudge:
     def __init__(
         self,
         config: ModelConfig,
-        policy: RetryPolicy,
+        policy: Backoff,
         limiter: RateLimiter,
         gate: CallGate,
         breaker: CircuitBreaker,
@@ -256,7 +256,7 @@ class LLMJudge:
             self._breaker.record_success(self.name, probe)
             return response
 
-        response, attempts = call_with_retries(attempt, self._policy)
+        response, attempts = call_with_backoff(attempt, self._policy)
         reported = getattr(response, "usage", None)
         prompt = getattr(reported, "prompt_tokens", 0) or 0
         completion = getattr(reported, "completion_tokens", 0) or 0

@@ -18,7 +18,7 @@ from recallq.coordination.call_gate import OpenGate
 from recallq.coordination.ratelimit import Unlimited
 from recallq.core.errors import MalformedAnswer
 from recallq.judge import protocol
-from recallq.judge.backoff import RetryPolicy
+from recallq.judge.backoff import Backoff
 from recallq.judge.base import Repair
 from recallq.judge.llm import LLMJudge
 from recallq.judge.models import ModelConfig
@@ -27,7 +27,7 @@ from recallq.judge.models import ModelConfig
 def _judge(stub, model: str) -> LLMJudge:
     params = {"model": model, "api_base": stub.base_url, "api_key": "sk-test"}
     config = ModelConfig("judge", params)
-    return LLMJudge(config, RetryPolicy(), Unlimited(), OpenGate(), LocalCircuitBreaker(), 30)
+    return LLMJudge(config, Backoff(), Unlimited(), OpenGate(), LocalCircuitBreaker(), 30)
 
 
 def _count_pricing(monkeypatch: pytest.MonkeyPatch) -> list[int]:
@@ -72,7 +72,7 @@ def test_a_model_priced_by_a_later_models_file_is_priced(clean_stub) -> None:
         "output_cost_per_token": 8e-6,
     }
     priced = LLMJudge(
-        ModelConfig("judge", params), RetryPolicy(), Unlimited(), OpenGate(),
+        ModelConfig("judge", params), Backoff(), Unlimited(), OpenGate(),
         LocalCircuitBreaker(), 30,
     )  # fmt: skip
     usage = priced.extract_claims("Ada was born in 1815.", "r").usage
@@ -152,9 +152,7 @@ def test_a_key_missing_from_a_workers_environment_fails_items_at_once(
 
     models = load_models(write_models_file(tmp_path, clean_stub.base_url))
     breaker = LocalCircuitBreaker()
-    registry = JudgeRegistry(
-        models, lambda _: Unlimited(), OpenGate(), breaker, RetryPolicy(), 30, 8
-    )
+    registry = JudgeRegistry(models, lambda _: Unlimited(), OpenGate(), breaker, Backoff(), 30, 8)
     monkeypatch.delenv("STUB_API_KEY", raising=False)
     with pytest.raises(PermanentJudgeError, match="STUB_API_KEY .* is not set"):
         registry.get("stub-judge")
@@ -175,7 +173,7 @@ def test_prices_from_the_models_file_are_billed_and_noticed(clean_stub) -> None:
     }
     judge = LLMJudge(
         ModelConfig("house", params),
-        RetryPolicy(),
+        Backoff(),
         Unlimited(),
         OpenGate(),
         LocalCircuitBreaker(),

@@ -14,9 +14,9 @@ from recallq.core.errors import (
     TransientJudgeError,
 )
 from recallq.core.usage import Usage
-from recallq.judge.backoff import RetryPolicy, call_with_retries
+from recallq.judge.backoff import Backoff, call_with_backoff
 
-POLICY = RetryPolicy(max_attempts=4, base_delay=0.5, max_delay=30.0)
+POLICY = Backoff(max_attempts=4, base_delay=0.5, max_delay=30.0)
 
 
 def scripted(*outcomes: object) -> tuple[Callable[[], str], list[int]]:
@@ -42,7 +42,7 @@ def unavailable(retry_after: float | None = None) -> TransientJudgeError:
 def test_success_after_transient_failures_counts_every_request() -> None:
     slept: list[float] = []
     attempt, calls = scripted(unavailable(), unavailable(), "answer")
-    answer, usage = call_with_retries(attempt, POLICY, sleep=slept.append)
+    answer, usage = call_with_backoff(attempt, POLICY, sleep=slept.append)
     assert answer == "answer" and len(calls) == 3 and len(slept) == 2
     assert usage == Usage(call_attempts=3, failed_calls=2)
 
@@ -50,14 +50,14 @@ def test_success_after_transient_failures_counts_every_request() -> None:
 def test_retry_after_is_waited_at_least() -> None:
     slept: list[float] = []
     attempt, _ = scripted(unavailable(retry_after=7.0), "answer")
-    call_with_retries(attempt, POLICY, sleep=slept.append)
+    call_with_backoff(attempt, POLICY, sleep=slept.append)
     assert 7.0 <= slept[0] <= 7.5
 
 
 def test_a_pass_whose_attempts_all_fail_waits_instead_of_failing() -> None:
     attempt, calls = scripted(*[unavailable()] * 4)
     with pytest.raises(ProviderUnavailable) as waited:
-        call_with_retries(attempt, POLICY, sleep=lambda _: None)
+        call_with_backoff(attempt, POLICY, sleep=lambda _: None)
     assert len(calls) == 4
     assert waited.value.delay == POLICY.max_delay and waited.value.counts_towards_deadline
     assert waited.value.usage == Usage(call_attempts=4, failed_calls=4)
@@ -67,7 +67,7 @@ def test_a_pass_whose_attempts_all_fail_waits_instead_of_failing() -> None:
 def test_a_permanent_error_is_not_retried_and_is_counted_as_sent() -> None:
     attempt, calls = scripted(unavailable(), PermanentJudgeError("AuthenticationError: no"))
     with pytest.raises(PermanentJudgeError) as failed:
-        call_with_retries(attempt, POLICY, sleep=lambda _: None)
+        call_with_backoff(attempt, POLICY, sleep=lambda _: None)
     assert len(calls) == 2
     assert failed.value.usage == Usage(call_attempts=2, failed_calls=2)
 
@@ -80,6 +80,6 @@ def test_a_permanent_error_is_not_retried_and_is_counted_as_sent() -> None:
 def test_what_stops_a_call_before_it_is_sent_passes_through(unsent: Exception) -> None:
     attempt, calls = scripted(unavailable(), unsent)
     with pytest.raises(type(unsent)) as raised:
-        call_with_retries(attempt, POLICY, sleep=lambda _: None)
+        call_with_backoff(attempt, POLICY, sleep=lambda _: None)
     assert len(calls) == 2  # no further attempt: nothing could be sent
     assert getattr(raised.value, "usage", None) == Usage(call_attempts=1, failed_calls=1)

@@ -2,7 +2,7 @@
 
 It needs no server, Redis, Celery or litellm (litellm is imported only when the judge is an
 LLM). Runs are stored where `recallq run` stores them: RECALLQ_DATABASE_URL, by default the
-SQLite file `recallq.state.db` in the working directory, so they can be listed, compared and gated
+SQLite file `recallq.db` in the working directory, so they can be listed, compared and gated
 from the CLI afterwards (`recallq runs`), and the claim cache makes a second evaluation of the
 same ground truths with an LLM judge cost one call per item instead of two. Pass
 `database_url=` to keep them elsewhere. The Result holds everything in memory.

@@ -14,7 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from recallq.judge.protocol import AnswerLimits
 
-DEFAULT_LOCAL_DATABASE_URL = "sqlite:///recallq.state.db"
+DEFAULT_LOCAL_DATABASE_URL = "sqlite:///recallq.db"
 DEFAULT_RETRY_DEADLINE = 6 * 3600.0
 
 

@@ -144,6 +144,6 @@ def test_an_unwritable_out_is_one_line_and_keeps_the_drawn_sample(
             f"recallq: cannot write {out}: "
             + ("No such file or directory" if out != cwd else "Is a directory")
         ]
-    with sqlite3.connect(cwd / "recallq.state.db") as db:
+    with sqlite3.connect(cwd / "recallq.db") as db:
         seeds = db.execute("SELECT seed FROM label_samples WHERE run_id = ?", (run,)).fetchall()
     assert seeds == [(1,)]  # the failed draws replaced nothing

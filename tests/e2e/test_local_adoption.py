@@ -316,7 +316,7 @@ def test_the_first_run_says_what_its_judge_is_and_where_results_are(tmp_path: Pa
     assert "local/lexical is a word-matching baseline, not an LLM judge" in first.stdout
     run_id = first.stdout.split("run                ")[1].split()[0]
     assert f"recallq results {run_id} --out results.jsonl" in first.stdout
-    assert "recallq.state.db" not in first.stdout
+    assert "recallq.db" not in first.stdout
     # stderr is a pipe: progress comes as whole lines, never a bar redrawn with carriage returns
     assert "completed: 24 scored, 0 failed, 0 to go\n" in first.stderr, first.stderr
     assert "\r" not in first.stderr
@@ -490,7 +490,7 @@ def test_fresh_starts_over_and_the_next_run_resumes_the_fresh_one(tmp_path: Path
     assert first.returncode == fresh.returncode == 0
     assert "starting a new run" in fresh.stderr
     again = recallq("run", example, "--quiet", cwd=tmp_path)
-    runs = _rows(tmp_path / "recallq.state.db", "SELECT id FROM runs ORDER BY created_at")
+    runs = _rows(tmp_path / "recallq.db", "SELECT id FROM runs ORDER BY created_at")
     assert len(runs) == 2
     assert f"scored already in run {runs[1][0]}" in again.stderr
     other_model = recallq("run", example, "--scale", "10", "--quiet", cwd=tmp_path)
@@ -517,7 +517,7 @@ def test_runs_status_results_compare_and_gate_on_the_local_database(tmp_path: Pa
     base_file, candidate_file = _two_retrievers(tmp_path)
     assert recallq("run", str(base_file), "--quiet", cwd=tmp_path).returncode == 0
     assert recallq("run", str(candidate_file), "--quiet", cwd=tmp_path).returncode == 0
-    db = tmp_path / "recallq.state.db"
+    db = tmp_path / "recallq.db"
     ids = dict(_rows(db, "SELECT name, id FROM runs"))
     base, candidate = ids["base.jsonl"], ids["candidate.jsonl"]
 
@@ -578,7 +578,7 @@ def test_runs_status_results_compare_and_gate_on_the_local_database(tmp_path: Pa
 def test_client_commands_without_a_local_database_say_so(tmp_path: Path) -> None:
     done = recallq("runs", cwd=tmp_path)
     assert done.returncode == 2 and "no local runs" in done.stderr
-    assert not (tmp_path / "recallq.state.db").exists()
+    assert not (tmp_path / "recallq.db").exists()
     # resume asks the service now (a cancelled run continues there): one line, exit 2
     resume = recallq("resume", "x", "--api", "http://127.0.0.1:9", cwd=tmp_path)
     assert resume.returncode == 2 and "cannot reach the API" in resume.stderr

@@ -34,7 +34,7 @@ def test_example_runs_offline_with_a_summary(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert "recallq summary" in done.stdout
     assert "score distribution" in done.stdout
-    assert (tmp_path / "recallq.state.db").exists()  # the default SQLite file, in the working dir
+    assert (tmp_path / "recallq.db").exists()  # the default SQLite file, in the working dir
     results = [json.loads(line) for line in out.read_text().splitlines()]
     assert len(results) == 24
     assert all(r["status"] == "succeeded" for r in results)

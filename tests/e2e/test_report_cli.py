@@ -59,7 +59,7 @@ def test_report_of_a_run_and_its_comparison(tmp_path: Path) -> None:
     base_file, candidate_file = _two_retrievers(tmp_path)
     assert recallq("run", str(base_file), "--quiet", cwd=tmp_path).returncode == 0
     assert recallq("run", str(candidate_file), "--quiet", cwd=tmp_path).returncode == 0
-    ids = dict(_rows(tmp_path / "recallq.state.db", "SELECT name, id FROM runs"))
+    ids = dict(_rows(tmp_path / "recallq.db", "SELECT name, id FROM runs"))
     base, candidate = ids["base.jsonl"], ids["candidate.jsonl"]
 
     out = tmp_path / "reports" / "ab.html"
@@ -122,7 +122,7 @@ def test_run_with_report_writes_it_and_a_plain_run_says_how(tmp_path: Path) -> N
 def test_report_errors_are_one_line(tmp_path: Path) -> None:
     example = str(REPO / "examples" / "eval_set.jsonl")
     assert recallq("run", example, "--quiet", cwd=tmp_path).returncode == 0
-    [(run_id,)] = _rows(tmp_path / "recallq.state.db", "SELECT id FROM runs")
+    [(run_id,)] = _rows(tmp_path / "recallq.db", "SELECT id FROM runs")
 
     unknown = recallq("report", "no-such-run", cwd=tmp_path)
     assert unknown.returncode == 2

@@ -262,9 +262,7 @@ def test_compare_lines() -> None:
 
 def test_database_label_hides_passwords(tmp_path: Any, monkeypatch: Any) -> None:
     monkeypatch.chdir(tmp_path)
-    assert display.database_label("sqlite:///recallq.state.db") == str(
-        tmp_path / "recallq.state.db"
-    )
+    assert display.database_label("sqlite:///recallq.db") == str(tmp_path / "recallq.db")
     assert display.database_label("postgresql+psycopg://me:s3cret@db:5432/x") == (
         "postgresql+psycopg://me:***@db:5432/x"
     )

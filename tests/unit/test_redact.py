@@ -103,7 +103,7 @@ def test_redact_url() -> None:
         "postgresql://u@h/db?sslmode=require&password=***"
     )
     assert redact_url("postgresql://h/db?db_password=x1#f") == "postgresql://h/db?db_password=***#f"
-    assert redact_url("sqlite:///recallq.state.db") == "sqlite:///recallq.state.db"
+    assert redact_url("sqlite:///recallq.db") == "sqlite:///recallq.db"
 
 
 ORDINARY = [

@@ -21,8 +21,19 @@ if TYPE_CHECKING:
     from recallq.client import ApiError, Client, Run
     from recallq.evaluation import evaluate
     from recallq.results import Result
+    from recallq.runs.dataset import DatasetError
+    from recallq.runs.ingest import SubmissionError
 
-__all__ = ["ApiError", "Client", "Result", "Run", "__version__", "evaluate"]
+__all__ = [
+    "ApiError",
+    "Client",
+    "DatasetError",
+    "Result",
+    "Run",
+    "SubmissionError",
+    "__version__",
+    "evaluate",
+]
 
 _LAZY = {
     "evaluate": "recallq.evaluation",
@@ -30,6 +41,9 @@ _LAZY = {
     "Client": "recallq.client",
     "Run": "recallq.client",
     "ApiError": "recallq.client",
+    # what evaluate raises for bad input (both ValueErrors), wherever the modules live
+    "SubmissionError": "recallq.runs.ingest",
+    "DatasetError": "recallq.runs.dataset",
 }
 
 

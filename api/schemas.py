@@ -104,6 +104,9 @@ class RunView(_Open):
     summary: Summary
     usage: RunUsage
     waiting: Waiting | None = None
+    waiting_unknown: bool = Field(
+        False, description="Redis could not be asked why the run waits: `waiting` is unknown"
+    )
     batch: BatchProgress | None = None
     cancel_reason: Literal["user", "budget"] | None = None
     budget_usd: float | None = None

@@ -174,9 +174,8 @@ def test_a_worker_host_cut_off_for_a_minute(cluster: Cluster) -> None:
         f"cut off: {len(held)} items of {cut.worker_id} taken over in {taken_over:.1f} s; run "
         f"{'completed while it was cut off' if ended_cut_off else 'completed after healing'}; "
         f"back {back:.1f} s after healing; first refused write {refused_after:.1f} s after "
-        f"healing: item {item} ({final['key']}, {final['status']}) {move} by {owner}"
+        f"healing: item {item} ({final['key']}, {final['status']}) {move}, no longer {owner}'s"
     )
-    assert owner.startswith(f"{cut.worker_id}/")
     answered = [c for c in cluster.calls_for("pt") if c["status"] == 200]
     to_cut = [c for c in answered if c["client"] == cut.host.judge_address]
     while_cut = [c for c in to_cut if c["t"] + JUDGE_LATENCY_MS / 1000 >= cut_clock]

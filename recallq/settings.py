@@ -67,6 +67,9 @@ class Settings(ClientSettings):
     queue_lease_seconds: float = 120.0  # a message waiting longer than this is sent again
     reaper_interval: float = 10.0
     heartbeat_ttl: float = 20.0  # a worker silent this long is dead; its items are requeued
+    # Postgres ends a worker's transaction left idle this long (its host vanished or was cut
+    # off mid-transaction): the rows it locked, which the reaper skips, are free again
+    worker_idle_transaction_timeout: float = 60.0
     cancel_wait: float = 30.0  # how long a cancel waits for calls already in flight
 
     # provider incidents: a model's circuit breaker, and how long an item may wait one out

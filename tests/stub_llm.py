@@ -52,7 +52,8 @@ in ``reject_keys`` gets 401; validation (malformed input, ``stream=true``, ``STU
 does not sleep either), random 429 and 500 draws, latency sleep (for injected 429/500 and
 answers alike), then the judge answer with content markers applied. Every request is
 recorded, refused ones too, with ``key_suffix``: the last 4 characters of the bearer key
-(never the whole key; null without a key or for a key of 4 characters or fewer).
+(never the whole key; null without a key or for a key of 4 characters or fewer), and
+``client``: the address the request came from (which host, in the multi-host tests).
 
 Config keys (``/_stub/config``, ``StubServer(**config)``; CLI flags for the first eight,
 ``--config JSON`` for any):
@@ -1196,6 +1197,7 @@ def create_app(config: StubConfig | None = None) -> Any:
         body, data, schema, problem = parse_request(await request.body())
         fill_entry(entry, body, data, schema)
         entry["key_suffix"] = key_suffix(bearer_key(request.headers.get("authorization")))
+        entry["client"] = request.client.host if request.client else None
 
         def refuse(status: int, payload: dict, fault: str, headers: dict | None = None) -> Response:
             entry.update(status=status, fault=fault)

@@ -40,9 +40,8 @@ class WorkerState:
     def build(cls, runtime: Runtime) -> WorkerState:
         if runtime.redis is None or runtime.heartbeat is None:
             raise RuntimeError("a worker needs Redis: build its runtime with distributed()")
-        return cls(
-            runtime, HeldItems(runtime.redis, runtime.heartbeat.worker_id), HandBack(runtime.items)
-        )
+        worker_id = runtime.heartbeat.worker_id
+        return cls(runtime, HeldItems(runtime.redis, worker_id), HandBack(runtime.items, worker_id))
 
 
 _state: WorkerState | None = None
@@ -57,7 +56,7 @@ def start(settings: Settings, metrics_address: tuple[str, int] | None = None) ->
     broker.configure(app, settings.redis_url)
     # No pre-ping before each transaction: an outage already hands the message back.
     queue = broker.CeleryQueue(app, settings.extraction_pack)
-    runtime = Runtime.distributed(settings, queue, pre_ping=False)
+    runtime = Runtime.distributed(settings, queue, worker=True)
     runtime.on_completed = keep_view
     _state = WorkerState.build(runtime)
     # provider errors are redacted before they are stored; this covers every log line too

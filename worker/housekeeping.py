@@ -4,9 +4,11 @@ interrupted; the provider batch lane's polls.
 
 Started when the worker is ready, stopped when it shuts down. Every job is a Periodic, and
 the reaper, the retention and the lane poll run at most once per interval across all workers
-(an ExclusiveTurn each; see recallq.coordination.periodic); every worker beats. The lane
-polls in a thread of its own: applying a large batch's results takes longer than a heartbeat
-may wait.
+(an ExclusiveTurn each; see recallq.coordination.periodic); every worker beats. The heartbeat
+beats in a thread of its own, and so does the lane poll: a job waiting on the database must
+not hold a beat back (over a 200 ms link to Postgres a sweep took seconds, longer than the
+heartbeat TTL of the multi-host tests, and the other workers took this one for dead and took
+its items over: tests/multihost).
 """
 
 from __future__ import annotations
@@ -26,18 +28,24 @@ from worker.tasks import items_of
 log = logging.getLogger(__name__)
 
 
-def housekeeping_jobs(worker: WorkerState) -> list[Periodic]:
-    current = worker.runtime
-    reaper, retention = current.reaper(), current.retention()
-    heartbeat = reaper.heartbeat
+def heartbeat_job(worker: WorkerState) -> Periodic:
+    """This worker's beat, with the items it holds (Redis only)."""
+    heartbeat = worker.runtime.heartbeat
+    assert heartbeat is not None  # a worker's runtime is distributed
 
     def beat() -> None:
         heartbeat.beat()
         worker.held.publish()
 
+    return Periodic("heartbeat", heartbeat.interval, beat, first_after=0)
+
+
+def housekeeping_jobs(worker: WorkerState) -> list[Periodic]:
+    """The jobs that wait on the database: the hand-back, the reaper, the retention."""
+    current = worker.runtime
+    reaper, retention = current.reaper(), current.retention()
+    heartbeat = reaper.heartbeat
     return [
-        # first, so that a beat waiting for the database does not wait for the hand-back
-        Periodic("heartbeat", heartbeat.interval, beat, first_after=0),
         Periodic("hand-back", heartbeat.interval, worker.hand_back.drain, first_after=0),
         Periodic(
             "reaper", reaper.interval, reaper.try_sweep, min(reaper.interval, heartbeat.interval)
@@ -85,14 +93,15 @@ def _hold(request: Any = None, **_: Any) -> None:
 @signals.worker_ready.connect
 def _start(**_: Any) -> None:
     worker = state()
-    jobs = housekeeping_jobs(worker)
-    jobs[0].job()  # beat at once: this worker is alive before anything else happens
-    threading.Thread(
-        target=run_periodically,
-        args=(jobs, worker.stop),
-        name="recallq-housekeeping",
-        daemon=True,
-    ).start()
+    beat = heartbeat_job(worker)
+    beat.job()  # at once: this worker is alive before anything else happens
+    for name, jobs in (
+        ("recallq-heartbeat", [beat]),
+        ("recallq-housekeeping", housekeeping_jobs(worker)),
+    ):
+        threading.Thread(
+            target=run_periodically, args=(jobs, worker.stop), name=name, daemon=True
+        ).start()
     threading.Thread(
         target=run_periodically,
         args=([lane_job(worker, worker.runtime.batch_lane())], worker.stop),

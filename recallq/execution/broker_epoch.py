@@ -31,12 +31,15 @@ class BrokerEpochs:
 
     def lost(self) -> bool:
         run_id = str(self._redis.info("server")["run_id"])
-        found = self._redis.get(keys.BROKER_EPOCH)
-        marker = found.decode() if isinstance(found, bytes) else found
         with self._db.transaction() as conn:
             known = conn.execute(
                 select(BrokerEpoch.token).where(BrokerEpoch.name == EPOCH_NAME).with_for_update()
             ).scalar_one_or_none()
+            # read once the row is locked: a sweep that wrote the key and committed while this
+            # one waited for the row is then seen (read before, the key was missing: a false
+            # loss, seen when two workers' first sweeps overlapped over a slow database link)
+            found = self._redis.get(keys.BROKER_EPOCH)
+            marker = found.decode() if isinstance(found, bytes) else found
             if known is None:  # the first sweep ever: nothing can have been lost yet
                 conn.execute(
                     insert(BrokerEpoch).values(name=EPOCH_NAME, token=run_id, updated_at=utcnow())

@@ -200,9 +200,18 @@ class Reaper:
 
         def lost(row: Any) -> bool:
             if row.id in dead_held:
-                # its message died with its worker; left alone only while a live owner holds
-                # a message of it (a stage of it is running there, or about to)
-                return not (row.owner and row.id in holding.get(worker_of(row.owner), ()))
+                # its message died with its worker; left alone while a live owner holds a
+                # message of it (a stage of it is running there, or about to), and while it
+                # was written within a TTL (requeued by the last sweep, or taken since by a
+                # live worker whose held set, published with each beat, may not show it yet:
+                # without this, what a sweep had requeued from a dead worker was requeued
+                # again, sweep after sweep, under the live worker that took it)
+                owner = worker_of(row.owner) if row.owner else None
+                if owner is not None and owner not in alive:
+                    return True
+                if owner is not None and row.id in holding.get(owner, ()):
+                    return False
+                return row.lease_until is None or as_utc(row.lease_until) < quiet_before
             if row.status == ItemStatus.QUEUED:
                 if with_message is not None and row.id not in with_message:
                     never_taken = row.owner is None and row.attempts == 0
@@ -248,8 +257,9 @@ class HandBack:
     instead of when a 10-minute lease runs out. One per worker, drained by its
     housekeeping."""
 
-    def __init__(self, items: ItemStore) -> None:
+    def __init__(self, items: ItemStore, worker_id: str) -> None:
         self._items = items
+        self._worker_id = worker_id
         self._pending: set[int] = set()
         self._lock = threading.Lock()
 
@@ -263,6 +273,7 @@ class HandBack:
 
     def drain(self) -> None:
         for item_id in sorted(self.pending()):
-            self._items.expire_lease(item_id)  # raises while the database is down: next beat
+            # raises while the database is down: again at the next beat
+            self._items.expire_lease(item_id, self._worker_id)
             with self._lock:
                 self._pending.discard(item_id)

@@ -91,14 +91,18 @@ class Runtime:
         settings: Settings,
         queue: WorkQueue,
         *,
-        pre_ping: bool = True,
         worker_id: str | None = None,
         judges: Mapping[str, Judge] | None = None,
+        worker: bool = False,
     ) -> Runtime:
-        """Postgres and Redis, shared with every other process. Workers pass pre_ping=False
-        (see recallq.state.db.make_engine)."""
+        """Postgres and Redis, shared with every other process. A `worker`'s database has no
+        pre-ping and ends its idle transactions (see recallq.state.db.make_engine)."""
         redis = redis_client(settings.redis_url)
-        database = Database(settings.database_url, pre_ping=pre_ping)
+        database = Database(
+            settings.database_url,
+            pre_ping=not worker,
+            idle_transaction_timeout=settings.worker_idle_transaction_timeout if worker else 0,
+        )
         return cls(
             settings=settings,
             database=database,

@@ -12,7 +12,7 @@ Items (ItemStore)                                  guard in the WHERE clause
     defer           running → queued (due later)   owner token, status running
     requeue_lost    queued|running → queued        status queued|running; rows others lock
                                                    right now are left for the next sweep
-    expire_lease    running → running (due now)    status running
+    expire_lease    running → running (due now)    status running, owned by the worker
     release_next    pending → queued               run running; rows nobody else locks;
                                                    as many as the dispatch window has room for
 Runs (RunStore)

@@ -21,15 +21,30 @@ def is_sqlite(url: str) -> bool:
     return url.startswith("sqlite")
 
 
-def make_engine(url: str, pre_ping: bool = True) -> Engine:
+def make_engine(url: str, pre_ping: bool = True, idle_transaction_timeout: float = 0) -> Engine:
     """An engine for `url`. Workers pass pre_ping=False: no liveness ping (a round trip) before
     each transaction. A connection that died with a database restart then fails its
     statement instead, SQLAlchemy discards the whole pool, and the task hands its message
-    back (see worker.tasks)."""
+    back (see worker.tasks).
+
+    Workers also pass `idle_transaction_timeout` (seconds; 0: none): Postgres ends a session
+    whose transaction waited that long for its next statement. A worker's transactions never
+    wait on anything but the database, so only a client that is gone leaves one idle: a host
+    that vanished or was cut off mid-transaction. Without it, Postgres keeps that session,
+    and the rows it locked, until the system's TCP keepalive finds the host dead (two
+    hours), and the reaper, which skips locked rows, cannot requeue them (tests/multihost).
+    Not for the API: a submission's transaction waits for a slow client's upload."""
     # hide_parameters: an error's text (logged) never carries the values a client sent
     if not is_sqlite(url):
+        timeout_ms = round(idle_transaction_timeout * 1000)
+        options = f"-c idle_in_transaction_session_timeout={timeout_ms}"
         return create_engine(
-            url, pool_pre_ping=pre_ping, pool_size=10, max_overflow=40, hide_parameters=True
+            url,
+            pool_pre_ping=pre_ping,
+            pool_size=10,
+            max_overflow=40,
+            hide_parameters=True,
+            connect_args={"options": options} if timeout_ms else {},
         )
     engine = create_engine(
         url, connect_args={"check_same_thread": False, "timeout": 60}, hide_parameters=True
@@ -54,9 +69,11 @@ def make_engine(url: str, pre_ping: bool = True) -> Engine:
 class Database:
     """One engine and its session factory, built once per process by its runtime."""
 
-    def __init__(self, url: str, pre_ping: bool = True) -> None:
+    def __init__(
+        self, url: str, pre_ping: bool = True, idle_transaction_timeout: float = 0
+    ) -> None:
         self.url = url
-        self.engine = make_engine(url, pre_ping)
+        self.engine = make_engine(url, pre_ping, idle_transaction_timeout)
         self.dialect = self.engine.dialect.name
         self._sessions = sessionmaker(self.engine, expire_on_commit=False)
 

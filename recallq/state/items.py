@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -94,6 +95,14 @@ RELEASE_NEXT = (
     .values(status=ItemStatus.QUEUED, lease_until=bindparam("b_lease"))
     .returning(items.c.id)
 )
+
+log = logging.getLogger(__name__)
+
+
+def _refused(item_id: int, move: str, owner: str) -> None:
+    """A guarded write that found the item no longer its pass's: one line each, so that a stale
+    pass's late writes (a worker back from a partition, a redelivered message) can be seen."""
+    log.info("item %d: %s refused: no longer owned by %s", item_id, move, owner)
 
 
 class ItemStore:
@@ -208,7 +217,7 @@ class ItemStore:
                 "lease_until": self.queue_lease(),
                 "waiting_since": None,
             }
-            if not self._write_owned(conn, taken, values):
+            if not self._write_owned(conn, taken, values, "save_claims"):
                 return Skipped(SkipReason.NOT_OWNED)
             if not cache_hit:
                 ClaimCache.write(conn, cache_key, claims)
@@ -232,6 +241,7 @@ class ItemStore:
         with self._db.single_statement() as conn:
             row = conn.execute(HAND_OVER, params).one_or_none()
         if row is None:
+            _refused(taken.item_id, "hand_over", taken.owner)
             return Skipped(SkipReason.NOT_OWNED)
         contexts = row.contexts
         if contexts is None:  # the run's static context, stored once on the run
@@ -269,7 +279,7 @@ class ItemStore:
         pending item of the run is queued in its place. `usage` is what `stage` spent last."""
         values = succeeded_values(outcome, usage, stage, cache_hits)
         with self._db.transaction() as conn:
-            if not self._write_owned(conn, taken, values):
+            if not self._write_owned(conn, taken, values, "succeed"):
                 return Skipped(SkipReason.NOT_OWNED)
             if verdicts:
                 rows = verdict_rows(taken.item_id, taken.claims or (), verdicts)
@@ -280,7 +290,7 @@ class ItemStore:
         """running → failed with its error; the next pending item is queued in its place."""
         values = failed_values(error, usage, stage)
         with self._db.transaction() as conn:
-            if not self._write_owned(conn, taken, values):
+            if not self._write_owned(conn, taken, values, "fail"):
                 return Skipped(SkipReason.NOT_OWNED)
             return Ended(taken.run_id, self._release_next(conn, taken.run_id))
 
@@ -305,7 +315,7 @@ class ItemStore:
             "waiting_since": waiting_since,
         }
         with self._db.transaction() as conn:
-            if not self._write_owned(conn, taken, values):
+            if not self._write_owned(conn, taken, values, "defer"):
                 return Skipped(SkipReason.NOT_OWNED)
         return Deferred(until)
 
@@ -329,22 +339,38 @@ class ItemStore:
                 skip_locked=True,
             )
 
-    def expire_lease(self, item_id: int) -> None:
-        """running → running, due for the reaper now (its message may be lost in an outage)."""
+    def expire_lease(self, item_id: int, worker_id: str) -> None:
+        """running → running, due for the reaper now (its message may be lost in an outage),
+        while a pass of `worker_id` still owns it: a worker back from a partition hands back
+        only what nobody took over meanwhile (a live worker's item, made due, was taken from
+        it at the next sweep)."""
+        statement = (
+            update(items)
+            .where(
+                items.c.id == item_id,
+                items.c.status == ItemStatus.RUNNING,
+                items.c.owner.startswith(f"{worker_id}/", autoescape=True),
+            )
+            .values(lease_until=self._lease(1))
+        )
         with self._db.single_statement() as conn:
-            soon = {"lease_until": self._lease(1)}
-            update_item(conn, item_id, soon, status=ItemStatus.RUNNING)
+            if not conn.execute(statement).rowcount:
+                _refused(item_id, "expire_lease", worker_id)
 
     # --- internals --------------------------------------------------------------------------
 
-    def _write_owned(self, conn: Connection, taken: Taken, values: dict[str, Any]) -> bool:
-        """Write only while this pass owns the running item. If its run was cancelled
-        meanwhile, the calls this pass made were still sent and billed: their usage counts on
-        the cancelled item, and nothing else of the pass is written."""
+    def _write_owned(
+        self, conn: Connection, taken: Taken, values: dict[str, Any], move: str
+    ) -> bool:
+        """Write only while this pass owns the running item (`move` names the write, for the
+        line a refusal logs). If its run was cancelled meanwhile, the calls this pass made
+        were still sent and billed: their usage counts on the cancelled item, and nothing else
+        of the pass is written."""
         owned = update_item(
             conn, taken.item_id, values, owner=taken.owner, status=ItemStatus.RUNNING
         )
         if not owned:
+            _refused(taken.item_id, move, taken.owner)
             charge_cancelled(conn, taken.item_id, values)
         return bool(owned)
 

@@ -331,6 +331,8 @@ def test_a_message_held_by_a_dead_worker_comes_back_at_the_next_sweep(
     assert _item(sender, item_id).status == ItemStatus.RUNNING  # alive: its message is safe
 
     _dies(redis, "host:holder", holder.heartbeat.ttl)
+    # written before the holder received its message, so before its last beat
+    _written_ago(sender, [item_id], 2 * holder.heartbeat.ttl)
     sent_before = len(sender.queue.sent)  # type: ignore[attr-defined]
     assert reaper.sweep() == 1
     item = _item(sender, item_id)
@@ -360,6 +362,7 @@ def test_a_message_a_worker_died_with_before_noting_it_comes_back(
 
     for tag in cast(list[bytes], redis.zrange(broker.UNACKED_INDEX, 0, -1)):
         redis.zadd(broker.UNACKED_INDEX, {tag: time.time() - 2 * sender.heartbeat.ttl})
+    _written_ago(sender, [item_id], 2 * sender.heartbeat.ttl)  # before its message was sent
     assert reaper.sweep() == 1
     assert _item(sender, item_id).status == ItemStatus.QUEUED
     assert redis.hlen(broker.UNACKED) == 0  # acknowledged for the dead worker: no late copy
@@ -447,6 +450,35 @@ def test_an_item_a_live_owner_holds_again_is_left_to_it(
     assert _item(sender, item_id).owner is not None
 
 
+def test_what_a_live_worker_took_from_a_dead_ones_held_items_is_not_taken_again(
+    workers: Callable[[str], Runtime], redis: Redis
+) -> None:
+    """A dead worker's held set outlives the sweep that requeued its items while another of
+    them is left to a live owner. An item that sweep requeued, taken since by a live worker
+    whose next beat has not published its message yet, stays that worker's: it was requeued
+    again at every sweep (a worker host vanishing set off a storm: tests/multihost)."""
+    sender, holder = workers("host:sender"), workers("host:holder")
+    assert sender.heartbeat is not None and holder.heartbeat is not None
+    left, requeued = _between_stages(sender), _between_stages(sender)
+    _written_ago(sender, [left, requeued], 2 * holder.heartbeat.ttl)
+    dead = HeldItems(redis, "host:holder")
+    dead.received([left, requeued])
+    dead.publish()
+    live = HeldItems(redis, "host:sender")
+    live.received([left])  # a duplicate of `left`, running on its owner
+    live.publish()
+    sender.heartbeat.beat()
+    _dies(redis, "host:holder", holder.heartbeat.ttl)
+    reaper = sender.reaper()
+    assert reaper.sweep() == 1
+    assert _item(sender, requeued).status == ItemStatus.QUEUED
+    assert held_by(redis, ["host:holder"]) == {"host:holder": {left, requeued}}  # kept for `left`
+
+    assert isinstance(sender.engine.take(requeued), Continue)  # its new message, not published
+    assert reaper.sweep() == 0
+    assert _item(sender, requeued).status == ItemStatus.RUNNING
+
+
 def test_held_items_are_published_with_each_heartbeat(redis: Redis) -> None:
     """Kept in memory as messages come and go (no Redis round trip per task) and written
     whole by each beat, so a Redis restart loses them for one beat at most."""
@@ -470,10 +502,26 @@ def test_hand_back_makes_a_taken_item_due_at_once(workers: Callable[[str], Runti
     item_id = _queued_item(runtime)
     assert isinstance(runtime.engine.take(item_id), Continue)
     lease = _item(runtime, item_id).lease_until
-    hand_back = HandBack(runtime.items)
+    hand_back = HandBack(runtime.items, "host:one")
     hand_back.add([item_id])
     hand_back.drain()
     shortened = _item(runtime, item_id).lease_until
     assert lease is not None and shortened is not None
     assert (lease - shortened).total_seconds() > runtime.settings.lease_seconds - 60
+    assert hand_back.pending() == set()
+
+
+def test_hand_back_leaves_what_another_worker_took_over(workers: Callable[[str], Runtime]) -> None:
+    """A worker back from a partition hands back the items of the tasks the outage ended;
+    those another worker took over meanwhile stay as that worker's, lease and all."""
+    stale, other = workers("host:stale"), workers("host:other")
+    item_id = _queued_item(stale)
+    assert isinstance(stale.engine.take(item_id), Continue)
+    stale.items.requeue_lost([item_id])  # the reaper, while the stale worker was cut off
+    assert isinstance(other.engine.take(item_id), Continue)
+    lease = _item(other, item_id).lease_until
+    hand_back = HandBack(stale.items, "host:stale")
+    hand_back.add([item_id])
+    hand_back.drain()
+    assert _item(other, item_id).lease_until == lease
     assert hand_back.pending() == set()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import shlex
 import subprocess
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import yaml
@@ -97,6 +97,13 @@ def test_prometheus_scrapes_the_api_with_its_token_and_every_worker(tmp_path) ->
     assert checked.returncode == 0, checked.stdout + checked.stderr
 
 
+def _dependencies(compose: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every `depends_on` entry of the long form, over all services."""
+    for service in compose["services"].values():
+        if isinstance(service.get("depends_on"), dict):
+            yield from service["depends_on"].values()
+
+
 #: Compose file features and the first Docker Compose that runs them as this file needs
 #: (docker/compose's release notes and history), each with how to find it in a file
 COMPOSE_FEATURES: dict[str, tuple[tuple[int, int, int], Callable[[dict[str, Any]], bool]]] = {
@@ -109,31 +116,12 @@ COMPOSE_FEATURES: dict[str, tuple[tuple[int, int, int], Callable[[dict[str, Any]
     "depends_on: condition: service_completed_successfully": (
         (2, 0, 0),
         lambda f: any(
-            isinstance(s.get("depends_on"), dict)
-            and any(
-                d.get("condition") == "service_completed_successfully"
-                for d in s["depends_on"].values()
-            )
-            for s in f["services"].values()
+            d.get("condition") == "service_completed_successfully" for d in _dependencies(f)
         ),
     ),
-    "depends_on: restart": (
-        (2, 17, 0),
-        lambda f: any(
-            isinstance(s.get("depends_on"), dict)
-            and any("restart" in d for d in s["depends_on"].values())
-            for s in f["services"].values()
-        ),
-    ),
+    "depends_on: restart": ((2, 17, 0), lambda f: any("restart" in d for d in _dependencies(f))),
+    "depends_on: required": ((2, 20, 2), lambda f: any("required" in d for d in _dependencies(f))),
     "top-level include": ((2, 20, 0), lambda f: "include" in f),
-    "depends_on: required": (
-        (2, 20, 2),
-        lambda f: any(
-            isinstance(s.get("depends_on"), dict)
-            and any("required" in d for d in s["depends_on"].values())
-            for s in f["services"].values()
-        ),
-    ),
     "develop: watch": ((2, 22, 0), lambda f: any("develop" in s for s in f["services"].values())),
 }
 

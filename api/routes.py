@@ -551,9 +551,20 @@ async def healthz() -> dict[str, str]:
     responses={
         200: {"model": schemas.Readiness, "description": "Ready"},
         503: {"model": schemas.Readiness, "description": "Database, Redis or workers missing"},
+        **errors(422),
     },
 )
-def readyz(runtime: Rt) -> JSONResponse:
+def readyz(
+    runtime: Rt,
+    exclude: Annotated[
+        list[schemas.ReadinessCheck],
+        Query(description="checks reported but left out of the status (repeatable)"),
+    ] = [],  # noqa: B006  (FastAPI copies a default; it is never mutated)
+) -> JSONResponse:
+    """Ready while the database and Redis answer and a worker is alive. `?exclude=workers`
+    leaves the workers out of the status (still reported), as Kubernetes' own
+    `/readyz?exclude=`: the readiness probe of an API whose workers scale to zero, which
+    must take the run that makes the autoscaler start one (deploy/kubernetes)."""
     checks: dict[str, str] = {}
     try:
         with runtime.database.session() as session:
@@ -571,7 +582,7 @@ def readyz(runtime: Rt) -> JSONResponse:
         checks["workers"] = "ok" if alive else "none alive"
     except Exception as exc:
         checks["redis"] = f"error: {type(exc).__name__}"
-    ready = all(v == "ok" for v in checks.values())
+    ready = all(v == "ok" for name, v in checks.items() if name not in exclude)
     return JSONResponse(
         {"status": "ok" if ready else "unavailable", "checks": checks, "workers_alive": alive},
         status_code=200 if ready else 503,

@@ -216,6 +216,10 @@ class Health(BaseModel):
     status: Literal["ok"]
 
 
+#: what GET /readyz checks (each may be left out of its status with ?exclude=)
+ReadinessCheck = Literal["database", "redis", "workers"]
+
+
 class Readiness(BaseModel):
     status: Literal["ok", "unavailable"]
     checks: dict[str, str]

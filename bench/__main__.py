@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from bench import bounds, harness, metrics, pages, scrape, streams
+from bench import bounds, harness, keda, metrics, pages, scrape, streams
 
 Row = tuple[str, ...]
 
@@ -212,8 +212,10 @@ def main() -> None:
     parser.add_argument("--scrape-items", type=int, default=10_000, help="run while scraping")
     parser.add_argument("--scrape-rounds", type=int, default=6, help="5 s windows of each kind")
     parser.add_argument("--scrape-interval", type=float, default=1.0, help="s between scrapes")
+    parser.add_argument("--keda-ended-items", type=int, default=1_000_000, help="keda: ended")
+    parser.add_argument("--keda-active-items", type=int, default=200_000, help="keda: biggest")
     sections = ["throughput", "cpu", "limit", "ragas", "cache", "big", "pages", "scrape", "streams"]
-    sections += ["bounds"]
+    sections += ["bounds", "keda"]
     parser.add_argument("--sections", nargs="+", default=sections, choices=sections)
     parser.add_argument("--big-latency-ms", type=float, default=20)
     parser.add_argument("--big-concurrency", type=int, default=16)
@@ -241,6 +243,30 @@ def main() -> None:
         print_table("in-process bounds (the unit tests' former clock targets)", bounds.rows())
     if "scrape" in args.sections:
         scrape_table(args)
+    if "keda" in args.sections:
+        keda_table(args)
+
+
+def keda_table(args: argparse.Namespace) -> None:
+    rows = keda.measure(args)
+    print_table(
+        f"KEDA's query (deploy/kubernetes) on {rows[0]['items']:,} items: 5 active runs "
+        f"(the biggest {args.keda_active_items:,} items), the rest ended; {keda.ROUNDS} calls",
+        [
+            ("plan", "items read by", "pods", "median ms", "p95 ms", "gauge's query ms"),
+            *[
+                (
+                    r["plan"],
+                    r["access"],
+                    str(r["pods"]),
+                    f"{r['median_ms']:.2f}",
+                    f"{r['p95_ms']:.2f}",
+                    f"{r['gauge_ms']:.2f}",
+                )
+                for r in rows
+            ],
+        ],
+    )
 
 
 def scrape_table(args: argparse.Namespace) -> None:

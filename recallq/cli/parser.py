@@ -155,7 +155,20 @@ def build_parser() -> argparse.ArgumentParser:
     worker.set_defaults(func=_command("services", "worker"))
 
     migrate = sub.add_parser("migrate", help="create or upgrade the database schema")
-    migrate.add_argument("--downgrade", metavar="REVISION", help="downgrade instead")
+    how = migrate.add_mutually_exclusive_group()
+    how.add_argument("--downgrade", metavar="REVISION", help="downgrade instead")
+    how.add_argument(
+        "--check",
+        action="store_true",
+        help="change nothing: exit 0 when the schema is ready for this recallq, else 2",
+    )
+    migrate.add_argument(
+        "--wait",
+        type=_non_negative_int,
+        default=0,
+        metavar="SECONDS",
+        help="with --check: wait up to this long for the schema (a migration running elsewhere)",
+    )
     migrate.set_defaults(func=_command("services", "migrate"))
 
     submit = sub.add_parser("submit", help="send a file to the API as a new run")

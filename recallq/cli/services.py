@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import argparse
 import socket
+import sys
+import time
 
 from recallq.core.exits import CommandError
 from recallq.viewer.text import database_label
+
+CHECK_INTERVAL = 2.0  # seconds between two looks at the schema (`recallq migrate --check --wait`)
 
 
 def _check_free(host: str, port: int) -> None:
@@ -90,9 +94,45 @@ def migrate(args: argparse.Namespace) -> int:
     from recallq.state import migrate as migrations  # here: alembic is for this command only
 
     url = args.settings.database_url
+    if args.wait and not args.check:
+        raise CommandError("--wait goes with --check (recallq migrate --check --wait SECONDS)")
+    if args.check:
+        print(f"recallq: {_schema_ready(url, args.wait)} ({database_label(url)})")
+        return 0
     if args.downgrade:
         migrations.downgrade(url, revision=args.downgrade)
         print(f"recallq: database downgraded to {args.downgrade} ({database_label(url)})")
     else:
         print(f"recallq: {migrations.upgrade_and_say(url)} ({database_label(url)})")
     return 0
+
+
+def _schema_ready(url: str, wait: float) -> str:
+    """`recallq migrate --check [--wait S]`: what a process about to start (a Kubernetes init
+    container) asks before it serves the database, changing nothing: the schema is one this
+    recallq serves (schema_problem), asked again every 2 s for up to `wait` seconds while a
+    migration runs elsewhere or the database is not reachable yet. Each new reason to wait is
+    printed once on stderr; at the deadline the last one is the command's error line."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from recallq.state import migrate as migrations
+
+    deadline = time.monotonic() + wait
+    said: str | None = None
+    while True:
+        unreachable: SQLAlchemyError | None = None
+        try:
+            problem = migrations.schema_problem(url)
+        except SQLAlchemyError as exc:
+            unreachable, problem = exc, f"the database is not reachable ({type(exc).__name__})"
+        if problem is None:
+            return f"the schema is ready (revision {migrations.current_revision(url)})"
+        left = deadline - time.monotonic()
+        if left <= 0:
+            if unreachable is not None:
+                raise unreachable  # one line from the CLI: which database, and why
+            raise CommandError(f"{problem} ({database_label(url)}): run `recallq migrate` first")
+        if problem != said:
+            print(f"recallq: waiting: {problem} ({database_label(url)})", file=sys.stderr)
+            said = problem
+        time.sleep(min(CHECK_INTERVAL, left))

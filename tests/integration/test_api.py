@@ -198,6 +198,13 @@ def test_health_and_readiness(api: str) -> None:
     assert ready.status_code == 503 and ready.json()["workers_alive"] == 0
     checks = ready.json()["checks"]
     assert checks == {"database": "ok", "redis": "ok", "workers": "none alive"}
+    # a readiness probe where the workers scale to zero (deploy/kubernetes): still reported
+    ready = httpx.get(f"{api}/readyz", params={"exclude": "workers"})
+    assert ready.status_code == 200, ready.text
+    assert ready.json()["checks"]["workers"] == "none alive"
+    assert ready.json()["status"] == "ok"
+    refused = httpx.get(f"{api}/readyz", params={"exclude": "disks"})
+    assert refused.status_code == 422 and "error" in refused.json(), refused.text
 
 
 def test_a_run_with_no_live_worker_says_so(api: str) -> None:

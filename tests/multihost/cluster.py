@@ -20,8 +20,8 @@ import httpx
 import redis
 from sqlalchemy import create_engine, text
 
-from recallq.state import migrate
 from recallq.coordination import keys
+from recallq.state import migrate
 from tests.multihost import hosts
 from tests.multihost.hosts import API_PORT, DB_ADDRESS, JUDGE_ADDRESS, REDIS_PORT, STUB_PORT
 from tests.services import write_models_file

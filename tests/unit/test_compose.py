@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 import subprocess
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import yaml
 
@@ -92,3 +95,48 @@ def test_prometheus_scrapes_the_api_with_its_token_and_every_worker(tmp_path) ->
         ["/usr/bin/promtool", "check", "config", str(local)], capture_output=True, text=True
     )
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def _dependencies(compose: dict[str, Any]) -> Iterator[dict[str, Any]]:
+    """Every `depends_on` entry of the long form, over all services."""
+    for service in compose["services"].values():
+        if isinstance(service.get("depends_on"), dict):
+            yield from service["depends_on"].values()
+
+
+#: Compose file features and the first Docker Compose that runs them as this file needs
+#: (docker/compose's release notes and history), each with how to find it in a file
+COMPOSE_FEATURES: dict[str, tuple[tuple[int, int, int], Callable[[dict[str, Any]], bool]]] = {
+    # 2.6.1 reads a secret from an environment variable, but writes it mode 0400, root's only,
+    # until 2.20.0 (fd0e0a2): Prometheus's image runs as nobody
+    "a secret from an environment variable, read by a non-root service": (
+        (2, 20, 0),
+        lambda f: any("environment" in s for s in (f.get("secrets") or {}).values()),
+    ),
+    "depends_on: condition: service_completed_successfully": (
+        (2, 0, 0),
+        lambda f: any(
+            d.get("condition") == "service_completed_successfully" for d in _dependencies(f)
+        ),
+    ),
+    "depends_on: restart": ((2, 17, 0), lambda f: any("restart" in d for d in _dependencies(f))),
+    "depends_on: required": ((2, 20, 2), lambda f: any("required" in d for d in _dependencies(f))),
+    "top-level include": ((2, 20, 0), lambda f: "include" in f),
+    "develop: watch": ((2, 22, 0), lambda f: any("develop" in s for s in f["services"].values())),
+}
+
+
+def test_the_file_states_the_compose_it_needs_and_the_docs_agree() -> None:
+    """Compose 2.20.0 or later, as the file's header says, for the reason it gives: a newcomer
+    with an older Compose met a Prometheus that could not read its token (issue 28)."""
+    text = (REPO / "docker-compose.yml").read_text()
+    compose = yaml.safe_load(text)
+    stated = re.search(r"^# Needs Docker Compose (\d+)\.(\d+)\.(\d+) or later", text, re.M)
+    assert stated is not None, "the header says which Docker Compose the file needs"
+    version = tuple(int(part) for part in stated.groups())
+    used = {name: needs for name, (needs, found) in COMPOSE_FEATURES.items() if found(compose)}
+    assert used, "the features this file uses are in COMPOSE_FEATURES"
+    assert version == max(used.values()), used  # no less than it needs, and no more
+    shown = ".".join(map(str, version))
+    assert f"Docker Compose {shown} or later" in (REPO / "docs" / "deploy.md").read_text()
+    assert "version" not in compose  # obsolete: Compose ignores it, with a warning

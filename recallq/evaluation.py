@@ -51,8 +51,9 @@ def evaluate(
     input it cannot use, before any judge call. On KeyboardInterrupt the run is kept, and
     `recallq resume RUN` continues it.
     """
-    from recallq.runs import dataset, ingest, item_views, local
+    from recallq.runs import dataset, ingest, local
     from recallq.runs import service as runs
+    from recallq.runs.reads import RunReads
     from recallq.settings import read_settings
     from recallq.state import migrate
 
@@ -103,9 +104,7 @@ def evaluate(
                 file=sys.stderr,
             )
             raise
-        with runtime.database.session() as session:
-            items = list(item_views.iter_results(session, run_id))
-        return Result(view, items)
+        return Result(view, list(RunReads.of(runtime).iter_results(run_id, local.PROJECT)))
     finally:
         runner.stop(wait=False)
         runtime.close()

@@ -24,13 +24,14 @@ from recallq.core.status import RUN_ENDED, PublicItemStatus
 from recallq.execution.local_queue import LocalRunner
 from recallq.execution.runtime import Runtime
 from recallq.judge.models import LEXICAL
-from recallq.runs import comparisons, dataset, local
+from recallq.runs import dataset, local
 from recallq.runs import service as runs
 from recallq.runs.ingest import SubmissionError
+from recallq.runs.reads import RunReads
 from recallq.runs.service import RunConflict, RunService
 from recallq.settings import Settings
 from recallq.state import migrate
-from recallq.state.tables import Run
+from recallq.state.runs import RunNotFound
 from recallq.viewer import text as display
 
 LOCAL_BATCH_REFUSED = (
@@ -179,11 +180,9 @@ def continue_run(args: argparse.Namespace, settings: Settings, action: str) -> i
     unended or cancelled (resume) or failed (retry) items again, and score them here."""
     database = open_local_database(settings)
     try:
-        with database.session() as session:
-            found = session.get(Run, args.run_id)
-            if found is None:
-                raise CommandError(not_found(args.run_id, settings))
-            model = found.model
+        model = RunReads(database, local=True).run(args.run_id, local.PROJECT).model
+    except RunNotFound:
+        raise CommandError(not_found(args.run_id, settings)) from None
     finally:
         database.dispose()
     concurrency = args.concurrency or local.default_concurrency(settings, model)
@@ -255,11 +254,10 @@ def _score(
     by = getattr(args, "by", None)
     groups = None
     if by:
-        with runtime.database.session() as session:
-            try:
-                groups = comparisons.group_summary(session, run_id, by)
-            except UnknownField as exc:  # the run is scored: say so, and show the rest
-                print(f"recallq: --by: {exc}", file=sys.stderr)
+        try:
+            groups = RunReads.of(runtime).group_summary(run_id, local.PROJECT, by)
+        except UnknownField as exc:  # the run is scored: say so, and show the rest
+            print(f"recallq: --by: {exc}", file=sys.stderr)
     return report(view, gates.Gate.of(args), sys.stdout, by=by, groups=groups, footer=footer)
 
 

@@ -32,7 +32,7 @@ from recallq.core.status import (
 )
 from recallq.execution.local_queue import LocalRunner
 from recallq.execution.runtime import Runtime
-from recallq.runs import dataset, ingest, item_views, run_views
+from recallq.runs import dataset, ingest, run_views
 from recallq.runs.reads import RunReads
 from recallq.runs.service import RunService
 from recallq.settings import DEFAULT_RETRY_DEADLINE, Settings
@@ -246,8 +246,8 @@ def write_results(runtime: Runtime, run_id: str, out: Path, format: str | None =
     export.format_for says); the same export as `recallq results`."""
     from recallq.core import export
 
-    with runtime.database.session() as session, out.open("w", encoding="utf-8") as handle:
-        results = item_views.iter_results(session, run_id)
+    results = RunReads.of(runtime).iter_results(run_id, PROJECT)
+    with out.open("w", encoding="utf-8") as handle:
         return export.write(results, format or export.format_for(out), handle)
 
 

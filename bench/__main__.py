@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from bench import bounds, harness, metrics, pages, scrape, streams
+from bench import bounds, harness, metrics, pages, processes, scrape, streams
 
 Row = tuple[str, ...]
 
@@ -213,10 +213,12 @@ def main() -> None:
     parser.add_argument("--scrape-rounds", type=int, default=6, help="5 s windows of each kind")
     parser.add_argument("--scrape-interval", type=float, default=1.0, help="s between scrapes")
     sections = ["throughput", "cpu", "limit", "ragas", "cache", "big", "pages", "scrape", "streams"]
-    sections += ["bounds"]
+    sections += ["bounds", "processes"]
     parser.add_argument("--sections", nargs="+", default=sections, choices=sections)
     parser.add_argument("--big-latency-ms", type=float, default=20)
     parser.add_argument("--big-concurrency", type=int, default=16)
+    parser.add_argument("--processes-items", type=int, default=1000, help="items, processes")
+    parser.add_argument("--processes-latency-ms", type=float, default=20)
     args = parser.parse_args()
 
     if "throughput" in args.sections:
@@ -241,6 +243,13 @@ def main() -> None:
         print_table("in-process bounds (the unit tests' former clock targets)", bounds.rows())
     if "scrape" in args.sections:
         scrape_table(args)
+    if "processes" in args.sections:
+        print_table(
+            f"`recallq worker --processes 2` vs two commands: {args.processes_items} items, stub "
+            f"latency {args.processes_latency_ms:.0f} ms (CPU-bound), {args.big_concurrency} "
+            "threads per process; memory once warm, summed over every process",
+            processes.rows(args),
+        )
 
 
 def scrape_table(args: argparse.Namespace) -> None:

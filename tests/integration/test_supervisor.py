@@ -1,6 +1,6 @@
 """worker.supervisor on its own: real forked processes around a target that needs no service
 (tests/integration/supervised.py), so each test takes a second or two. Its use by `recallq
-worker` (Celery, the reaper, the metrics) is tests/integration/test_worker_processes.py."""
+worker` (Celery, the reaper, the metrics) is in tests/integration/test_lost_work_faults.py."""
 
 from __future__ import annotations
 

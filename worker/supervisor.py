@@ -2,7 +2,7 @@
 at N, and stopped together (gunicorn's preload-then-fork, dramatiq's --processes).
 
     supervisor (imports once) ──fork──► process 1 .. N   each runs `target(child)`
-        ◄── "ready", or "failed: <one line>" before it was ready, through a pipe of its own
+        ◄── "ready", or "failed <one line>" before it was ready, through a pipe of its own
     all N ready at first          one line: "<name>: N processes x <each> ready."
     a process dies                it is replaced (at once; after a backoff if it died young)
     one exits before it is ready  at start: every process would, so the command stops with
@@ -130,6 +130,9 @@ class Supervisor:
     each: str = ""
     on_exit: Callable[[int], None] = lambda pid: None
     _slots: list[_Slot] = field(init=False)
+    _pid: int = field(init=False)  # the supervisor's
+    _selector: selectors.BaseSelector = field(init=False)  # the pipes it waits on
+    _wake: tuple[int, int] = field(init=False)  # where a signal ends its wait (read, write)
     _signals: list[int] = field(default_factory=list, init=False)
     _stopping: bool = field(default=False, init=False)
     _announced: bool = field(default=False, init=False)
@@ -302,11 +305,17 @@ class Supervisor:
         # held until each side has its handlers: the process starts with the defaults, the
         # supervisor keeps its own
         signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
-        pid = os.fork()
-        if pid == 0:
-            os.close(read)
-            os._exit(self._child(Child(slot.number, slot.starts == 0, write)))
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)
+        try:
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    os.close(read)
+                    code = self._child(Child(slot.number, slot.starts == 0, write))
+                finally:  # whatever happened, never into the supervisor's code
+                    os._exit(code)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, _HANDLED)  # (the child: its own)
         os.close(write)
         os.set_blocking(read, False)
         self._selector.register(read, selectors.EVENT_READ)
@@ -316,8 +325,7 @@ class Supervisor:
         slot.starts += 1
 
     def _child(self, child: Child) -> int:
-        """In the forked process: leave the supervisor's state, run the target, never return
-        into the supervisor's code (os._exit follows)."""
+        """In the forked process: leave the supervisor's state, run the target; the exit code."""
         code = 1
         try:
             _die_with_parent()
@@ -332,7 +340,7 @@ class Supervisor:
                 os.close(fd)
             code = self.target(child)
         except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
+            code = 0 if exc.code is None else exc.code if isinstance(exc.code, int) else 1
         except BaseException as exc:
             line = self.explain(exc)
             if child.is_ready:
@@ -363,11 +371,9 @@ def _signal(pid: int | None, signum: int) -> None:
 
 
 def _drain(fd: int) -> None:
-    try:
+    with contextlib.suppress(BlockingIOError):
         while os.read(fd, 4096):
             pass
-    except BlockingIOError:
-        pass
 
 
 def _flush() -> None:

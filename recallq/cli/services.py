@@ -4,6 +4,7 @@ the service's processes."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import socket
 import tempfile
 import traceback
@@ -81,10 +82,14 @@ def worker(args: argparse.Namespace) -> int:
     from worker.supervisor import Supervisor, usable_cpus
 
     concurrency = args.concurrency or settings.worker_concurrency
-    with tempfile.TemporaryDirectory(prefix="recallq-worker-metrics-") as directory:
-        if listening is not None:
-            patches.count_in_files(directory)  # the processes' metrics, summed on one page
-        metrics_at = (listening, directory) if listening is not None else None
+    with contextlib.ExitStack() as cleanup:
+        metrics_at = None
+        if listening is not None:  # the processes' metrics, summed on one page
+            directory = cleanup.enter_context(
+                tempfile.TemporaryDirectory(prefix="recallq-worker-metrics-")
+            )
+            patches.count_in_files(directory)
+            metrics_at = (listening, directory)
         celery_app.prepare(settings)
 
         def process(child: Child) -> int:
@@ -94,7 +99,7 @@ def worker(args: argparse.Namespace) -> int:
 
         def ended(pid: int) -> None:
             if metrics_at is not None:
-                metrics.process_ended(pid, directory)
+                metrics.process_ended(pid, metrics_at[1])
 
         def explained(exc: BaseException) -> str:
             if args.debug:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib
 import logging
+import os
 import signal
 import socket
 import threading
@@ -117,14 +118,14 @@ def _without_ready_line(record: logging.LogRecord) -> bool:
     return record.msg != "%s ready."
 
 
-def run(number: int, concurrency: int, loglevel: str, banner: bool) -> int:
+def run(concurrency: int, loglevel: str, banner: bool) -> int:
     """Celery's worker in this process, until it stops; its exit code."""
     code = app.start(
         [
             *([] if banner else ["--quiet"]),
             "worker",
-            "--hostname",
-            f"recallq{number}@%h",
+            "--hostname",  # unique on the host, and the pid of the heartbeat's worker id
+            f"recallq-{os.getpid()}@%h",
             "--pool",
             "threads",
             "--concurrency",

@@ -95,7 +95,7 @@ def worker(args: argparse.Namespace) -> int:
         def process(child: Child) -> int:
             celery_app.start(settings, child.ready, metrics_at)
             banner = child.number == 1 and child.first
-            return celery_app.run(child.number, concurrency, args.loglevel, banner)
+            return celery_app.run(concurrency, args.loglevel, banner)
 
         def ended(pid: int) -> None:
             if metrics_at is not None:

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from bench import bounds, harness, keda, metrics, pages, scrape, streams
+from bench import bounds, harness, keda, metrics, pages, processes, scrape, streams
 
 Row = tuple[str, ...]
 
@@ -215,10 +215,12 @@ def main() -> None:
     parser.add_argument("--keda-ended-items", type=int, default=1_000_000, help="keda: ended")
     parser.add_argument("--keda-active-items", type=int, default=200_000, help="keda: biggest")
     sections = ["throughput", "cpu", "limit", "ragas", "cache", "big", "pages", "scrape", "streams"]
-    sections += ["bounds", "keda"]
+    sections += ["bounds", "keda", "processes"]
     parser.add_argument("--sections", nargs="+", default=sections, choices=sections)
     parser.add_argument("--big-latency-ms", type=float, default=20)
     parser.add_argument("--big-concurrency", type=int, default=16)
+    parser.add_argument("--processes-items", type=int, default=1000, help="items, processes")
+    parser.add_argument("--processes-latency-ms", type=float, default=20)
     args = parser.parse_args()
 
     if "throughput" in args.sections:
@@ -243,6 +245,13 @@ def main() -> None:
         print_table("in-process bounds (the unit tests' former clock targets)", bounds.rows())
     if "scrape" in args.sections:
         scrape_table(args)
+    if "processes" in args.sections:
+        print_table(
+            f"`recallq worker --processes 2` vs two commands: {args.processes_items} items, stub "
+            f"latency {args.processes_latency_ms:.0f} ms (CPU-bound), {args.big_concurrency} "
+            "threads per process; memory once warm, summed over every process",
+            processes.rows(args),
+        )
     if "keda" in args.sections:
         keda_table(args)
 

@@ -14,6 +14,10 @@ it. A library upgrade that moves an internal shows up here and in those tests, n
 - kombu (checked against 5.7.0), applied by `prepare_kombu()` when a worker starts:
   closing a broker connection that Celery already collected is the connection error it is
   (tests/integration/test_broker.py).
+- prometheus-client (checked against 0.26.0), by `count_in_files()` where `recallq worker
+  --metrics-port` starts: its multiprocess mode, which it picks from PROMETHEUS_MULTIPROC_DIR
+  when it is imported (recallq's CLI imports it before it knows the command), chosen after
+  the import the way its own tests do (tests/unit/test_prometheus_files.py).
 """
 
 from __future__ import annotations
@@ -136,3 +140,14 @@ def prepare_kombu() -> None:
         return original(self, asynchronous)
 
     setattr(kombu_redis.Channel, "_connparams", _ours(_connparams))  # noqa: B010  (a method)
+
+
+def count_in_files(directory: str) -> None:
+    """Metrics made from now on in this process and the processes it forks count in files in
+    `directory` (prometheus-client's multiprocess mode), whatever values made before did."""
+    from prometheus_client import values
+
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = directory  # where each process's files go
+    with _lock:
+        if not getattr(values.ValueClass, "_multiprocess", False):
+            values.ValueClass = values.MultiProcessValue()  # type: ignore[no-untyped-call]

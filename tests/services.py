@@ -247,8 +247,11 @@ class Process:
         self._log.close()
 
 
-def start_worker(env: dict[str, str], concurrency: int = 8) -> Process:
-    worker = Process(["worker", "--concurrency", str(concurrency)], env, "worker")
+def start_worker(env: dict[str, str], concurrency: int = 8, processes: int = 1) -> Process:
+    """`recallq worker`: `processes` of `concurrency` threads (one by default: the command's
+    default, one per CPU, would double the suite's CPU)."""
+    args = ["worker", "--processes", str(processes), "--concurrency", str(concurrency)]
+    worker = Process(args, env, "worker")
     worker.wait_for_output(" ready.", timeout=90)
     return worker
 

@@ -1,17 +1,29 @@
 """The worker's Celery app and the state its tasks share.
 
-`start(settings)` builds both once, where the worker process starts (`recallq worker`):
-the library patches are applied, the app is configured for the broker, and the worker's state
-(`WorkerState`: its runtime, the messages it holds, the items it hands back) is built. Tasks
-and the housekeeping reach that state through `state()`, and the runtime through `runtime()`.
+    prepare(settings)      once, where `recallq worker` starts, before it forks its
+                           processes: the library patches (litellm), the app configured for
+                           the broker, its tasks and Celery's worker imported
+    start(settings, ...)   in each process: its state (`WorkerState`: its runtime, the
+                           messages it holds, the items it hands back), its metrics page
+    run(...)               in each process: Celery's worker, M threads, until it stops
+
+Tasks and the housekeeping reach that state through `state()`, and the runtime through
+`runtime()`.
 """
 
 from __future__ import annotations
 
+import importlib
+import logging
+import os
+import signal
+import socket
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
-from celery import Celery
+from celery import Celery, signals
 
 from recallq import patches
 from recallq.coordination.liveness import HeldItems
@@ -47,13 +59,40 @@ class WorkerState:
 _state: WorkerState | None = None
 
 
-def start(settings: Settings, metrics_address: tuple[str, int] | None = None) -> Celery:
-    """Configure the app and build this worker's state; returns the app to run. With
-    `metrics_address` (host, port), this process's metrics are served there."""
-    global _state
+#: what Celery's worker and kombu's Redis transport import as a worker starts
+_IMPORTED_AS_A_WORKER_STARTS = (
+    "celery.apps.worker",
+    "celery.bin.celery",
+    "celery.concurrency.thread",
+    "celery.worker.consumer",
+    "kombu.transport.redis",
+)
+
+
+def prepare(settings: Settings) -> Celery:
+    """What every worker process shares, done once before they are forked: they start in a
+    fraction of a second, and share these pages with each other instead of a copy each
+    (litellm alone is 4-6 s of CPU and 150 MiB)."""
     patches.prepare_kombu()
-    patches.prepare_litellm()  # before the first task: litellm loads in ~6 s of CPU
+    patches.prepare_litellm()
     broker.configure(app, settings.redis_url)
+    app.loader.import_default_modules()  # the tasks and the housekeeping's signal handlers
+    app.finalize(auto=True)
+    for module in _IMPORTED_AS_A_WORKER_STARTS:
+        importlib.import_module(module)
+    return app
+
+
+def start(
+    settings: Settings,
+    ready: Callable[[], None],
+    metrics_at: tuple[socket.socket, str] | None = None,
+) -> None:
+    """Build this worker process's state (its own database engine, Redis clients and
+    heartbeat: nothing of the kind crosses a fork). `ready()` is called once it takes tasks.
+    With `metrics_at` (the command's listening socket and the processes' metrics directory),
+    this process serves the page of them all there too."""
+    global _state
     # No pre-ping before each transaction: an outage already hands the message back.
     queue = broker.CeleryQueue(app, settings.extraction_pack)
     runtime = Runtime.distributed(settings, queue, worker=True)
@@ -61,14 +100,49 @@ def start(settings: Settings, metrics_address: tuple[str, int] | None = None) ->
     _state = WorkerState.build(runtime)
     # provider errors are redacted before they are stored; this covers every log line too
     install_log_redaction(runtime.redactor)
-    if metrics_address is not None:
-        models = runtime.models.keys
-        metrics.use_state_collectors(
-            metrics_state.HeartbeatCollector(),
-            metrics_state.BreakerCollector(runtime.breaker, models),
+    if metrics_at is not None:
+        listening, directory = metrics_at
+        metrics.serve_processes(
+            listening,
+            metrics_state.WorkerProcessesCollector(directory),
+            metrics_state.BreakerCollector(runtime.breaker, runtime.models.keys),
         )
-        metrics.serve(*metrics_address)
-    return app
+    # the command says "ready." once for all its processes, not Celery once for each
+    logging.getLogger("celery.apps.worker").addFilter(_without_ready_line)
+
+    @signals.worker_ready.connect(weak=False)
+    def _ready(**_: Any) -> None:
+        # the supervisor replaces a process that stops: Celery's SIGHUP would exec a second
+        # command inside this one
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+        ready()
+
+
+def _without_ready_line(record: logging.LogRecord) -> bool:
+    return record.msg != "%s ready."
+
+
+def run(concurrency: int, loglevel: str, banner: bool) -> int:
+    """Celery's worker in this process, until it stops; its exit code."""
+    code = app.start(
+        [
+            *([] if banner else ["--quiet"]),
+            "worker",
+            "--hostname",  # unique on the host, and the pid of the heartbeat's worker id
+            f"recallq-{os.getpid()}@%h",
+            "--pool",
+            "threads",
+            "--concurrency",
+            str(concurrency),
+            "--queues",
+            broker.QUEUE,
+            "--loglevel",
+            loglevel,
+            "--without-gossip",
+            "--without-mingle",
+        ]
+    )
+    return int(code or 0)
 
 
 def state() -> WorkerState:

@@ -45,6 +45,13 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
+def _at_least_one(text: str) -> int:
+    value = _non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError("must be 1 or more")
+    return value
+
+
 def _report_size(text: str) -> int:
     value = _non_negative_int(text)
     if not 1 <= value <= MAX_REPORT_LOWEST:
@@ -147,8 +154,15 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument("--workers", type=int, default=1, help="uvicorn worker processes")
     api.set_defaults(func=_command("services", "api"))
 
-    worker = sub.add_parser("worker", help="run a Celery worker")
-    worker.add_argument("--concurrency", type=int, help="LLM calls in flight (threads)")
+    worker = sub.add_parser("worker", help="run Celery worker processes")
+    worker.add_argument(
+        "--processes",
+        type=_at_least_one,
+        help="worker processes, forked from this one (default: the CPUs it may use)",
+    )
+    worker.add_argument(
+        "--concurrency", type=_at_least_one, help="LLM calls in flight per process (threads)"
+    )
     worker.add_argument("--loglevel", default="INFO")
     worker.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     worker.add_argument("--metrics-host", default="127.0.0.1", help="address for --metrics-port")

@@ -4,14 +4,21 @@ the service's processes."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import socket
 import sys
+import tempfile
 import time
+import traceback
+from typing import TYPE_CHECKING
 
 from recallq.core.exits import CommandError
 from recallq.viewer.text import database_label
 
 CHECK_INTERVAL = 2.0  # seconds between two looks at the schema (`recallq migrate --check --wait`)
+
+if TYPE_CHECKING:
+    from worker.supervisor import Child
 
 
 def _check_free(host: str, port: int) -> None:
@@ -64,30 +71,53 @@ def api(args: argparse.Namespace) -> int:
 
 
 def worker(args: argparse.Namespace) -> int:
-    # here: Celery and the worker's modules cost a second of start-up the other commands skip
-    from recallq.execution.celery_queue import QUEUE
-    from worker import celery_app
+    """N processes of M threads from one command: this process checks what it can, imports
+    everything once, then forks them and keeps them at N (worker.supervisor)."""
+    from recallq.observability import metrics
 
     settings = args.settings
     _check_schema(settings.database_url)
+    port = args.metrics_port
+    listening = metrics.listen(args.metrics_host, port) if port else None
+    # here: Celery, the worker's modules and litellm cost seconds the other commands skip
+    from recallq import patches
+    from recallq.cli import explain
+    from worker import celery_app
+    from worker.supervisor import Supervisor, usable_cpus
+
     concurrency = args.concurrency or settings.worker_concurrency
-    address = (args.metrics_host, args.metrics_port) if args.metrics_port else None
-    celery_app.start(settings, address).worker_main(
-        [
-            "worker",
-            "--pool",
-            "threads",
-            "--concurrency",
-            str(concurrency),
-            "--queues",
-            QUEUE,
-            "--loglevel",
-            args.loglevel,
-            "--without-gossip",
-            "--without-mingle",
-        ]
-    )
-    return 0
+    with contextlib.ExitStack() as cleanup:
+        metrics_at = None
+        if listening is not None:  # the processes' metrics, summed on one page
+            directory = cleanup.enter_context(
+                tempfile.TemporaryDirectory(prefix="recallq-worker-metrics-")
+            )
+            patches.count_in_files(directory)
+            metrics_at = (listening, directory)
+        celery_app.prepare(settings)
+
+        def process(child: Child) -> int:
+            celery_app.start(settings, child.ready, metrics_at)
+            banner = child.number == 1 and child.first
+            return celery_app.run(concurrency, args.loglevel, banner)
+
+        def ended(pid: int) -> None:
+            if metrics_at is not None:
+                metrics.process_ended(pid, metrics_at[1])
+
+        def explained(exc: BaseException) -> str:
+            if args.debug:
+                traceback.print_exception(exc)
+            line = explain(exc, settings)
+            return line or f"unexpected error: {type(exc).__name__}: {exc} (--debug shows where)"
+
+        return Supervisor(
+            args.processes or usable_cpus(),
+            process,
+            explained,
+            each=f"{concurrency} threads",
+            on_exit=ended,
+        ).run()
 
 
 def migrate(args: argparse.Namespace) -> int:

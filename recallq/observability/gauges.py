@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.multiprocess import MultiProcessCollector
 from prometheus_client.registry import Collector
 from redis.exceptions import RedisError
 from sqlalchemy.exc import SQLAlchemyError
@@ -68,19 +69,29 @@ class BreakerCollector(Collector):
         )
 
 
-class HeartbeatCollector(Collector):
-    """`recallq_worker_heartbeat_age_seconds`: since this worker's heartbeat last reached Redis
-    (the reaper takes a worker silent for the heartbeat TTL for dead)."""
+class WorkerProcessesCollector(Collector):
+    """What the processes of one `recallq worker` command counted, summed from their files
+    (prometheus-client's multiprocess mode; those of a process that ended stay counted, so a
+    counter never goes back), and `recallq_worker_heartbeat_age_seconds`: since the heartbeat
+    of the stalest live process last reached Redis (the reaper takes a worker silent for the
+    heartbeat TTL for dead)."""
+
+    def __init__(self, directory: str) -> None:
+        self._files = MultiProcessCollector(None, directory)  # type: ignore[no-untyped-call]
 
     def collect(self) -> Iterator[Metric]:
-        family = GaugeMetricFamily(
-            "recallq_worker_heartbeat_age_seconds",
-            "Seconds since this worker's heartbeat last reached Redis",
-        )
-        beat = metrics.last_heartbeat()
-        if beat is not None:
-            family.add_metric([], max(0.0, time.time() - beat))
-        yield family
+        for family in self._files.collect():  # type: ignore[no-untyped-call]
+            if family.name != metrics.LAST_BEAT:
+                yield family
+                continue
+            age = GaugeMetricFamily(
+                "recallq_worker_heartbeat_age_seconds",
+                "Seconds since the heartbeat of this worker's stalest process reached Redis",
+            )
+            if family.samples:
+                stalest = min(sample.value for sample in family.samples)
+                age.add_metric([], max(0.0, time.time() - stalest))
+            yield age
 
 
 @dataclass(frozen=True)

@@ -7,20 +7,27 @@
 
 Labels are of low cardinality only: a model named in the models file, a stage, an outcome, a
 status, a route template. Never a run, an item, a key or a project: every process's series stay
-a fixed, small set however many runs it scores. Each API process and each worker serves its own
-registry (`recallq worker` runs threads, so one registry per process sees every task); the
-`instance` label Prometheus adds tells them apart. docs/operations.md lists every metric.
+a fixed, small set however many runs it scores. Each API process serves its own registry; the
+processes of one `recallq worker` command write theirs to files in one directory
+(prometheus-client's multiprocess mode, recallq.patches) and any of them serves their sum on
+the command's one port (`listen`, `serve_processes`). The `instance` label Prometheus adds
+tells commands apart. docs/operations.md lists every metric.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import socket
 import threading
 import time
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer
 
 import prometheus_client
-from prometheus_client import Counter, Histogram
-from prometheus_client.registry import REGISTRY, Collector
+from prometheus_client import Counter, Gauge, Histogram, multiprocess
+from prometheus_client.registry import REGISTRY, Collector, CollectorRegistry
 
 from recallq.core.exits import CommandError
 from recallq.core.status import ITEM_ENDED
@@ -129,18 +136,26 @@ def batch_applied(model: str) -> None:
     BATCHES_APPLIED.labels(model).inc()
 
 
-_last_beat: float | None = None
+#: when each worker process's heartbeat last reached Redis: read by the worker's page
+#: (recallq.metrics_state.WorkerProcessesCollector), which serves the age of the stalest
+LAST_BEAT = "recallq_worker_last_beat_seconds"
+
+
+@functools.cache
+def _last_beats() -> Gauge:
+    # made in the process that beats: one made where the command starts, before it forks,
+    # would count as a live process that never beat; on no registry: the page shows its age
+    return Gauge(
+        LAST_BEAT,
+        "When this process's heartbeat last reached Redis",
+        registry=None,
+        multiprocess_mode="livemin",
+    )
 
 
 def heartbeat_beat() -> None:
     """recallq.coordination.liveness: this worker's heartbeat reached Redis."""
-    global _last_beat
-    _last_beat = time.time()
-
-
-def last_heartbeat() -> float | None:
-    """When this worker's heartbeat last reached Redis (unix seconds), if it has."""
-    return _last_beat
+    _last_beats().set(time.time())
 
 
 # --- serving ------------------------------------------------------------------------------
@@ -166,11 +181,64 @@ def exposition() -> tuple[bytes, str]:
     return prometheus_client.generate_latest(REGISTRY), prometheus_client.CONTENT_TYPE_LATEST
 
 
-def serve(host: str, port: int) -> None:
-    """This process's metrics at http://host:port/metrics, from a thread of its own."""
+def listen(host: str, port: int) -> socket.socket:
+    """The socket a worker command's metrics are served on, opened where the command starts:
+    every process of it serves the same page from it, a process replaced leaves no gap, and a
+    port in use is one line before anything starts."""
     try:
-        prometheus_client.start_http_server(port, addr=host, registry=REGISTRY)
-    except (OSError, OverflowError) as exc:  # in use, not an address here, out of range
-        reason = getattr(exc, "strerror", None) or str(exc)
-        message = f"--metrics-port: cannot serve metrics on {host}:{port}: {reason}"
-        raise CommandError(message) from None
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        listening = socket.socket(family, kind, proto)
+    except (OSError, OverflowError) as exc:  # not an address here, port out of range
+        raise _cannot_serve(host, port, exc) from None
+    try:
+        listening.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listening.bind(address)
+        listening.listen(64)
+    except OSError as exc:  # in use
+        listening.close()
+        raise _cannot_serve(host, port, exc) from None
+    # every process waits for connections on it: those a sibling took first must not block
+    listening.setblocking(False)
+    return listening
+
+
+def _cannot_serve(host: str, port: int, exc: Exception) -> CommandError:
+    reason = getattr(exc, "strerror", None) or str(exc)
+    return CommandError(f"--metrics-port: cannot serve metrics on {host}:{port}: {reason}")
+
+
+def serve_processes(listening: socket.socket, *collectors: Collector) -> None:
+    """What `collectors` collect (the processes' files and the state gauges), served from a
+    thread of this process on the socket of `listen`."""
+    registry = CollectorRegistry()
+    for collector in collectors:
+        registry.register(collector)
+    server = _Server(listening)
+    server.set_app(prometheus_client.make_wsgi_app(registry))
+    threading.Thread(target=server.serve_forever, name="recallq-metrics", daemon=True).start()
+
+
+def process_ended(pid: int, directory: str) -> None:
+    """A worker process ended: its live gauges leave the page (its counters stay counted)."""
+    multiprocess.mark_process_dead(pid, directory)  # type: ignore[no-untyped-call]
+
+
+class _Quiet(WSGIRequestHandler):
+    timeout = 10  # a client that sends nothing holds one thread for this long at most
+
+    def log_message(self, format: str, *args: Any) -> None:  # a scrape is not news
+        pass
+
+
+class _Server(ThreadingMixIn, WSGIServer):
+    """A WSGI server on a socket bound and listening already (shared by several processes)."""
+
+    daemon_threads = True
+
+    def __init__(self, listening: socket.socket) -> None:
+        host, port = listening.getsockname()[:2]
+        super().__init__((host, port), _Quiet, bind_and_activate=False)
+        self.socket.close()
+        self.socket = listening
+        self.server_name, self.server_port = host, port
+        self.setup_environ()

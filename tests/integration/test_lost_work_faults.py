@@ -1,6 +1,9 @@
 """Lost work comes back within the heartbeat TTL plus a reaper interval, whatever held it:
 real API and worker processes, the stub LLM server, Postgres and a redis-server of this
-module's own (issue 19, item 9).
+module's own (issue 19, item 9). The same with `recallq worker --processes 2` (issue 29): a
+process SIGKILLed mid-run is replaced and its items come back, SIGTERM to the command stops
+both within Docker's grace with nothing lost, a Redis restart under them loses nothing, and
+their metrics add up on the command's one port, a dead process's counts included.
 
 The leases are 10 minutes here, so no lease running out can rescue an item within a test's
 deadline: only the heartbeats, the held messages and the broker's epoch can.
@@ -8,9 +11,14 @@ deadline: only the heartbeats, the held messages and the broker's epoch can.
 
 from __future__ import annotations
 
+import re
+import signal
+import time
 from collections.abc import Iterator
 from typing import cast
 
+import httpx
+import psutil
 import pytest
 from redis import Redis
 from sqlalchemy import create_engine, text
@@ -26,6 +34,7 @@ from tests.integration.faults import (
 from tests.services import (
     Process,
     RedisServer,
+    free_port,
     migrated_database,
     start_api,
     start_worker,
@@ -36,6 +45,7 @@ pytestmark = pytest.mark.slow
 
 ITEMS = 120
 WITHIN = 60.0  # seconds from the last fault to the run's end: the bound issue 19 gives
+GRACE = 10.0  # Docker's default stop grace: SIGKILL follows
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +120,9 @@ def _unended(database_url: str, run_id: str) -> list[dict[str, object]]:
         engine.dispose()
 
 
-def _completes_within_bound(api: str, run_id: str, env: dict[str, str], stub, tag: str) -> None:
+def _completes_within_bound(
+    api: str, run_id: str, env: dict[str, str], stub, tag: str, crashed: bool = True
+) -> None:
     try:
         run = wait_for_run(api, run_id, timeout=WITHIN)
     except TimeoutError as exc:  # not within the bound
@@ -118,7 +130,7 @@ def _completes_within_bound(api: str, run_id: str, env: dict[str, str], stub, ta
         found = cast(list[str], redis.keys("recallq:*"))
         held = {k: redis.smembers(k) for k in found if k.startswith("recallq:held:")}
         raise AssertionError((_unended(env["RECALLQ_DATABASE_URL"], run_id), found, held)) from exc
-    assert_exactly_once(env["RECALLQ_DATABASE_URL"], run, calls_for_tag(stub, tag), crashed=True)
+    assert_exactly_once(env["RECALLQ_DATABASE_URL"], run, calls_for_tag(stub, tag), crashed)
 
 
 def test_a_redis_restart_and_a_sigkilled_worker(
@@ -160,3 +172,127 @@ def test_a_worker_started_after_redis_lost_its_data_requeues(
     workers.append(newcomer)
     _completes_within_bound(api, run_id, fault_env, clean_stub, "rs")
     assert "broker lost its data" in newcomer.output()
+
+
+# --- `recallq worker --processes 2` ------------------------------------------------------
+
+
+def _processes(worker: Process) -> list[psutil.Process]:
+    return psutil.Process(worker.proc.pid).children()
+
+
+def _replaced(worker: Process, victim: psutil.Process) -> int:
+    """The pid of the process that replaced `victim`, once it is ready."""
+    killed = rf"process (\d) \(pid {victim.pid}\) killed by SIGKILL; starting another"
+    wait_until(lambda: re.search(killed, worker.output()) is not None, timeout=30)
+    number = re.findall(killed, worker.output())[0]
+    back = rf"process {number} is back \(pid (\d+)\)"
+    wait_until(lambda: len(re.findall(back, worker.output())) > 0, timeout=30)
+    return int(re.findall(back, worker.output())[-1])
+
+
+def test_a_sigkilled_process_is_replaced_and_its_items_come_back(
+    api, workers, fault_env, clean_stub
+) -> None:
+    clean_stub.configure(latency_ms=100)
+    worker = start_worker(fault_env, concurrency=8, processes=2)
+    workers.append(worker)
+    assert "recallq worker: 2 processes x 8 threads ready." in worker.output()
+    victim, other = _processes(worker)
+    run_id = submit(api, make_items("pk", ITEMS))
+    _at(api, run_id, 0.3)
+    victim.kill()  # mid-run: items in flight, messages held unacknowledged
+    _completes_within_bound(api, run_id, fault_env, clean_stub, "pk", crashed=True)
+    replacement = _replaced(worker, victim)
+    assert {p.pid for p in _processes(worker)} == {other.pid, replacement}
+    assert worker.proc.poll() is None
+
+
+def test_sigterm_stops_every_process_in_the_grace_and_loses_nothing(
+    api, workers, fault_env, clean_stub
+) -> None:
+    clean_stub.configure(latency_ms=100)
+    # started together (each start is seconds of imports): the other one finishes the run
+    worker = Process(["worker", "--processes", "2", "--concurrency", "8"], fault_env, "worker")
+    other = Process(["worker", "--processes", "1", "--concurrency", "8"], fault_env, "worker")
+    workers += [worker, other]
+    for started in workers:
+        started.wait_for_output(" ready.", timeout=90)
+    processes = _processes(worker)
+    run_id = submit(api, make_items("pt", ITEMS))
+    _at(api, run_id, 0.3)
+    asked = time.monotonic()
+    worker.proc.send_signal(signal.SIGTERM)  # the command alone, as `docker stop` sends it
+    assert worker.proc.wait(GRACE) == 0, worker.output()[-3000:]
+    assert time.monotonic() - asked < GRACE
+    assert not any(p.is_running() for p in processes)
+    assert "recallq worker: stopped." in worker.output()
+    assert progress(api, run_id) < ITEMS  # stopped mid-run: what was left is the other's
+    # a warm shutdown: the tasks in flight finished, the others went back: nothing is lost,
+    # and no attribution is asked twice
+    _completes_within_bound(api, run_id, fault_env, clean_stub, "pt", crashed=False)
+
+
+def test_a_redis_restart_under_two_processes(
+    api, workers, fault_env, clean_stub, redis_server
+) -> None:
+    clean_stub.configure(latency_ms=100)
+    worker = start_worker(fault_env, concurrency=8, processes=2)
+    workers.append(worker)
+    run_id = submit(api, make_items("pr", ITEMS))
+    _at(api, run_id, 0.3)
+    redis_server.restart()  # no persistence: every message is gone
+    _completes_within_bound(api, run_id, fault_env, clean_stub, "pr", crashed=True)
+    assert "broker lost its data" in worker.output()
+    assert len(_processes(worker)) == 2
+
+
+def _page(port: int) -> dict[str, float]:
+    """The worker's metrics page: sample (name and labels, as written) -> value."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return {
+        line.rsplit(" ", 1)[0]: float(line.rsplit(" ", 1)[1])
+        for line in text.splitlines()
+        if line and not line.startswith("#")
+    }
+
+
+def _total(page: dict[str, float], name: str) -> float:
+    return sum(value for sample, value in page.items() if sample.split("{")[0] == name)
+
+
+def test_the_metrics_of_every_process_add_up_on_one_port(
+    api, workers, fault_env, clean_stub
+) -> None:
+    clean_stub.configure(latency_ms=50)
+    port = free_port()
+    worker = Process(
+        ["worker", "--processes", "2", "--concurrency", "8", "--metrics-port", str(port)],
+        fault_env,
+        "worker",
+    )
+    workers.append(worker)
+    worker.wait_for_output(" ready.", timeout=90)
+    first = _processes(worker)
+    run_id = submit(api, make_items("pm", ITEMS))
+    _completes_within_bound(api, run_id, fault_env, clean_stub, "pm", crashed=False)
+    calls = len(calls_for_tag(clean_stub, "pm"))
+
+    def counts() -> tuple[float, float]:
+        page = _page(port)
+        return (
+            page['recallq_items_ended_total{outcome="succeeded"}'],
+            _total(page, "recallq_judge_calls_total"),
+        )
+
+    assert counts() == (ITEMS, calls)
+    # both processes that scored the run die, one after the other: what they counted stays
+    for victim in first:
+        victim.kill()
+        assert counts() == (ITEMS, calls)  # served meanwhile by the other process
+        _replaced(worker, victim)
+        assert counts() == (ITEMS, calls)
+    assert not {p.pid for p in first} & {p.pid for p in _processes(worker)}
+    # the dead processes' heartbeats left the page: its age is the live ones', under the TTL
+    time.sleep(float(fault_env["RECALLQ_HEARTBEAT_TTL"]) + 1)
+    assert _page(port)["recallq_worker_heartbeat_age_seconds"] < 3

@@ -1,5 +1,6 @@
 """The metrics as an operator's Prometheus sees them: Debian's `prometheus` scraping a real API
-and two real worker processes every second, while a 300-item run meets injected 429s and a
+and two real worker commands every second (one of two processes, one of one: a command's
+processes add up on its one port), while a 300-item run meets injected 429s and a
 short outage of the stub provider (over HTTP, through litellm). Its HTTP API is asked what
 the service did, and the answers are checked against the run and the stub's own records."""
 
@@ -126,8 +127,9 @@ def service(env: dict[str, str], tmp_path_factory) -> Iterator[dict[str, Any]]:
     api_process, api_url = start_api(env)
     ports = [free_port(), free_port()]
     workers = []
-    for port in ports:
-        args = ["worker", "--concurrency", "8", "--metrics-port", str(port)]
+    for port, processes in zip(ports, (2, 1), strict=True):
+        args = ["worker", "--processes", str(processes), "--concurrency", "8"]
+        args += ["--metrics-port", str(port)]
         worker = Process(args, env, "worker")
         worker.wait_for_output(" ready.", timeout=90)
         workers.append(worker)
@@ -215,8 +217,8 @@ def test_prometheus_sees_the_run_the_incident_and_the_spend(service, clean_stub)
         interval=0.5,
     )
     assert prometheus.scalar('recallq_runs_active{model="stub-judge"}') == 0.0
-    assert prometheus.scalar("recallq_workers_live") == 2.0
-    ages = prometheus.values("recallq_worker_heartbeat_age_seconds")
+    assert prometheus.scalar("recallq_workers_live") == 3.0  # processes: 2 + 1
+    ages = prometheus.values("recallq_worker_heartbeat_age_seconds")  # one per command
     assert len(ages) == 2 and all(0 <= age < 3 for age in ages.values())
 
     # the API's requests by route template: the status polls of this run, never its id

@@ -29,3 +29,15 @@ def test_a_sample_seed_has_the_apis_bound(capsys: pytest.CaptureFixture[str]) ->
             build_parser().parse_args(["label", "r", "--sample", "3", "--seed", refused])
         assert exited.value.code == 2
         assert f"must be a whole number from 0 to {top}" in capsys.readouterr().err
+
+
+def test_worker_processes_and_threads_are_at_least_one(capsys: pytest.CaptureFixture[str]) -> None:
+    parsed = build_parser().parse_args(["worker", "--processes", "3", "--concurrency", "4"])
+    assert (parsed.processes, parsed.concurrency) == (3, 4)
+    assert build_parser().parse_args(["worker"]).processes is None  # the CPUs it may use
+    for option in ("--processes", "--concurrency"):
+        for refused in ("0", "-2", "two"):
+            with pytest.raises(SystemExit) as exited:
+                build_parser().parse_args(["worker", option, refused])
+            assert exited.value.code == 2
+            assert f"argument {option}:" in capsys.readouterr().err

@@ -75,6 +75,7 @@ def test_prometheus_scrapes_the_api_with_its_token_and_every_worker(tmp_path) ->
     assert all(str(port).startswith("127.0.0.1:") for port in prometheus["ports"])
     worker = build_parser().parse_args(shlex.split(services["worker"]["command"])[1:])
     assert worker.metrics_port == 9100 and "healthcheck" in services["worker"]
+    assert worker.processes == 2  # stated, not the container's CPUs: one port serves both
     assert f"127.0.0.1:{worker.metrics_port}/metrics" in " ".join(
         services["worker"]["healthcheck"]["test"]
     )

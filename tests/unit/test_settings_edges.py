@@ -48,8 +48,9 @@ def _calls(tree: ast.AST, name: str) -> list[int]:
 
 
 def _environment_reads(tree: ast.AST) -> list[int]:
-    """Lines naming os.environ or os.getenv, except os.environ.setdefault (a write: the
-    litellm cost-map switch set before litellm is imported)."""
+    """Lines naming os.environ or os.getenv, except writes: os.environ.setdefault (the
+    litellm cost-map switch set before litellm is imported) and os.environ[NAME] = value
+    (where prometheus-client's multiprocess files go, for the processes a worker forks)."""
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr in ("environ", "getenv"):
@@ -63,7 +64,15 @@ def _environment_reads(tree: ast.AST) -> list[int]:
         and isinstance(node.func.value, ast.Attribute)
         and node.func.value.attr == "environ"
     }
-    return [line for line in found if line not in setdefaults]
+    assignments = {
+        node.lineno
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Subscript)
+        and isinstance(node.ctx, ast.Store)
+        and isinstance(node.value, ast.Attribute)
+        and node.value.attr == "environ"
+    }
+    return [line for line in found if line not in setdefaults | assignments]
 
 
 def test_settings_are_built_only_by_the_settings_module() -> None:

@@ -76,6 +76,19 @@ def test_the_schema_states_the_bounds_the_server_checks(spec: dict[str, Any]) ->
     parameters = spec["paths"]["/v1/runs/{run_id}/agreement"]["get"]["parameters"]
     (against,) = [p for p in parameters if p["name"] == "against"]
     assert against["schema"]["pattern"] == no_nul
+    # issue 28: allowed by the document, refused by the server
+    components = spec["components"]["schemas"]
+    tools = components["ToolResultsExtractor"]["properties"]["tools"]["anyOf"][0]
+    assert tools["minItems"] == 1 and tools["items"]["pattern"] == "\\S"
+    submitted = spec["paths"]["/v1/runs"]["post"]["parameters"]
+    (extractor,) = [p for p in submitted if p["name"] == "context_extractor"]
+    assert "schema" not in extractor  # JSON text, of the body field's schema
+    assert extractor["content"]["application/json"]["schema"]["anyOf"][0] == {
+        "$ref": "#/components/schemas/ToolResultsExtractor"
+    }
+    item = components["SubmittedItem"]
+    assert item["propertyNames"] == {"pattern": no_nul}  # a key with a NUL is refused
+    assert components["JsonValue"]["anyOf"][-2]["additionalProperties"] is False
 
 
 def test_every_error_response_has_the_error_shape(spec: dict[str, Any]) -> None:

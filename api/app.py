@@ -26,7 +26,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from api import errors, guards, label_pages, metrics, pages, schemas
 from api import label_routes as labels
 from api.body import SpoolBudget
-from api.routes import router
+from api.routes import JSON_QUERY_PARAMETERS, router
 from api.streams import StreamSlots
 from recallq.coordination.submissions import SubmissionLimiter
 from recallq.core.redact import install_log_redaction, redact_url
@@ -117,18 +117,22 @@ class _SecurityHeaders:
         await self.app(scope, receive, send_with_headers)
 
 
+#: the routers the app includes (FastAPI keeps each as one object of its own among the app's
+#: routes: the 405 handler looks at their routes directly)
+INCLUDED_ROUTERS = (router, labels.router, pages.router, label_pages.router)
+
+
 def _allow_header_on_405(app: FastAPI) -> None:
     """Starlette's 405 names only the methods of the first route that matched the path; the
     answer should name every method the path has."""
     plain = app.exception_handlers[StarletteHTTPException]
+    included = [route for included in INCLUDED_ROUTERS for route in included.routes]
 
     async def handler(request: Request, exc: Exception) -> Any:
         assert isinstance(exc, StarletteHTTPException)
         if exc.status_code == 405:
             methods: set[str] = set()
-            # the app's own routes and those of the API's router (FastAPI wraps an included
-            # router in an object of its own: its routes are looked at here directly)
-            for route in [*request.app.router.routes, *router.routes]:
+            for route in [*request.app.router.routes, *included]:
                 match, _ = route.matches(request.scope)
                 if match != Match.NONE:
                     methods.update(getattr(route, "methods", None) or ())
@@ -188,5 +192,10 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
             }
     for unused in ("HTTPValidationError", "ValidationError"):
         components.pop(unused, None)
+    for parameter in spec["paths"]["/v1/runs"]["post"]["parameters"]:
+        if parameter["name"] in JSON_QUERY_PARAMETERS:  # JSON text: the run field's schema
+            del parameter["schema"]
+            field = submission["properties"][parameter["name"]]
+            parameter["content"] = {"application/json": {"schema": field}}
     app.openapi_schema = spec
     return spec

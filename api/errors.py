@@ -91,7 +91,9 @@ def install(app: FastAPI) -> None:
 
     @app.exception_handler(UnknownField)
     async def _unknown_field(request: Request, exc: UnknownField) -> JSONResponse:
-        return error_response(422, "unknown_field", str(exc))
+        # the field a request names (`by=`) is not there, as a run another project holds is
+        # not: which fields a run's items have is data, not something the schema can state
+        return error_response(404, "unknown_field", str(exc))
 
     @app.exception_handler(RunConflict)
     async def _run_conflict(request: Request, exc: RunConflict) -> JSONResponse:

@@ -7,13 +7,16 @@
   accepted, so such a page cannot submit a run. One rule for both modes: clients that send
   bodies already type them.
 - With `RECALLQ_AUTH=off` only allowed Host names are answered (421 otherwise): localhost,
-  the address the connection came in on, and `RECALLQ_ALLOWED_HOSTS`. A name of the
-  attacker's that resolves to this machine (DNS rebinding) would otherwise make the API the
-  attacker's page's own origin, free to read and write everything. With keys required that
-  page has no key and no session cookie of this origin, so any Host is answered.
+  the address the connection came in on, and `RECALLQ_ALLOWED_HOSTS`, each exactly, with an
+  optional port (`localhost:8094@evil.com` is no localhost). A name of the attacker's that
+  resolves to this machine (DNS rebinding) would otherwise make the API the attacker's page's
+  own origin, free to read and write everything. With keys required that page has no key and
+  no session cookie of this origin, so any Host is answered.
 """
 
 from __future__ import annotations
+
+import re
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -24,18 +27,26 @@ LOCAL_HOSTS = frozenset({"localhost", "127.0.0.1", "::1"})
 BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 
 
-def host_name(host: str) -> str:
-    """The name of a Host header without its port, lower-case ("[::1]:80" -> "::1")."""
-    host = host.strip().lower()
-    if host.startswith("["):
-        return host[1:].split("]", 1)[0]
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
+# what a Host header may be: a name or an IPv4 address, or an IPv6 address in brackets, and
+# an optional port; nothing else (no user part, no second name, no path, no space)
+_HOST = re.compile(r"(?P<name>[a-z0-9.-]+|\[(?P<ipv6>[0-9a-f:.]+)\])(?::[0-9]{1,5})?")
+
+
+def host_name(host: str) -> str | None:
+    """The name of a Host header, lower-case, without its port and an IPv6 address's brackets
+    ("[::1]:80" -> "::1"); None when the header is anything but exactly a name or address with
+    an optional port ("localhost:8094@evil.com", "localhost:8094 evil.com")."""
+    match = _HOST.fullmatch(host.lower())
+    if match is None:
+        return None
+    return match["ipv6"] or match["name"]
 
 
 def allowed_hosts(configured: str) -> frozenset[str]:
-    """Host names answered with auth off: localhost and the comma-separated `configured`."""
-    names = {host_name(name) for name in configured.split(",") if name.strip()}
-    return LOCAL_HOSTS | names
+    """Host names answered with auth off: localhost and the comma-separated `configured`
+    (each a name or address, with or without a port)."""
+    names = {host_name(name.strip()) for name in configured.split(",") if name.strip()}
+    return LOCAL_HOSTS | {name for name in names if name is not None}
 
 
 class RequestGuards:
@@ -83,6 +94,8 @@ class RequestGuards:
         if not host:
             return False
         name = host_name(host.decode("latin-1"))
+        if name is None:
+            return False
         server = scope.get("server")
         return name in self.hosts or (server is not None and name == str(server[0]).lower())
 

@@ -25,9 +25,10 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from api import schemas
 from api.auth import Project, Writer
 from api.body import Pace, paced_chunks, too_large
-from api.errors import HttpError
+from api.errors import STATUS_CODES, HttpError
 from api.routes import MetadataField, Rt
 from recallq.execution.runtime import Runtime
+from recallq.labels import files
 from recallq.labels.service import LabelService
 from recallq.labels.store import (
     MAX_IMPORT_BYTES,
@@ -45,6 +46,7 @@ T = TypeVar("T")
 LABEL_PAGE = 1_000  # labels of the export read at once
 SAMPLE_PAGE_ITEMS = 10  # items of the sample file read at once (each up to ~1 MB of passages)
 ClaimIndex = Annotated[int, Path(ge=0, le=2**31 - 1, description="the claim's index")]
+IMPORT_FORMATS = {"text/csv": "csv", "application/x-ndjson": "jsonl"}  # Content-Type: format
 
 
 def _plausible(value: str) -> str:
@@ -145,7 +147,7 @@ def _answering() -> Iterator[None]:
     try:
         yield
     except LabelError as exc:
-        code = {404: "not_found", 413: "body_too_large"}.get(exc.status, "invalid_request")
+        code = STATUS_CODES.get(exc.status, "invalid_request")
         raise HttpError(exc.status, code, exc.message) from None
 
 
@@ -240,22 +242,42 @@ def _label_pages(labels: LabelService, run_id: str, format: str) -> Iterator[str
     response_model=ImportResult,
     openapi_extra={
         "requestBody": {
-            "description": "a CSV (with a header) or JSONL file of labels: `item_id` and "
-            "`claim_index`, or `claim` (its text), with `verdict` (or `human_verdict`) "
-            "`yes`|`no` and an optional `note`",
+            "required": True,
+            "description": "a CSV or JSONL file of labels: `item_id` and `claim_index`, or "
+            "`claim` (its text), with `verdict` (or `human_verdict`) `yes`|`no` and an optional "
+            "`note`. Its first row says it is one: a CSV header naming a verdict column, a "
+            "first JSONL object with a verdict field (else a 422); every other row is stored, "
+            "skipped (verdict empty) or answered as a problem of its line",
             "content": {
-                "text/csv": {"schema": {"type": "string"}},
-                "application/x-ndjson": {"schema": {"type": "string"}},
+                "text/csv": {
+                    "schema": {"type": "string", "pattern": files.CSV_HEADER_PATTERN},
+                    "example": "item_id,claim_index,verdict,note\nq1,0,yes,\n",
+                },
+                "application/x-ndjson": {
+                    "schema": {
+                        "type": "array",
+                        "description": "one JSON object per line",
+                        "minItems": 1,
+                        "prefixItems": [files.FIRST_JSONL_ROW],
+                    },
+                    "example": [{"item_id": "q1", "claim_index": 0, "verdict": "yes"}],
+                },
             },
         }
     },
-    responses=errors(401, 403, 404, 408, 413, 422),
+    responses=errors(401, 403, 404, 408, 413, 415, 422),
 )
 async def import_labels(
     run_id: RunId, request: Request, runtime: Rt, labels: Labels, principal: Writer
 ) -> dict[str, Any]:
     """Store the good rows of a labels file and answer each other row's problem by line
     (unknown ids, bad verdicts, duplicate rows). Rows with an empty verdict are skipped."""
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    format = IMPORT_FORMATS.get(kind)
+    if format is None:  # e.g. application/json, which the guards let through for other routes
+        raise HttpError(
+            415, "unsupported_media_type", "a labels file is text/csv or application/x-ndjson"
+        )
     limit = MAX_IMPORT_BYTES
     chunks, size = [], 0
     async for chunk in paced_chunks(request, Pace.of(runtime.settings)):
@@ -264,14 +286,10 @@ async def import_labels(
             raise too_large(limit, "a labels file is")
         chunks.append(chunk)
     data = b"".join(chunks)
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    format = {"application/x-ndjson": "jsonl", "application/jsonl": "jsonl", "text/csv": "csv"}
 
     def store() -> dict[str, Any]:
         with _answering():
-            return labels.import_file(
-                run_id, principal.project, data, format.get(kind), principal.key_id
-            )
+            return labels.import_file(run_id, principal.project, data, format, principal.key_id)
 
     return await anyio.to_thread.run_sync(store)
 
@@ -279,14 +297,14 @@ async def import_labels(
 @router.post(
     "/v1/runs/{run_id}/labels/sample",
     response_model=Sample,
-    responses=errors(401, 403, 404, 422),
+    responses=errors(401, 403, 404, 409, 422),
 )
 def draw_sample(
     run_id: RunId, body: SampleBody, labels: Labels, principal: Writer
 ) -> dict[str, Any]:
     """Draw `size` items at random (seeded) among the run's scored items with claims, to be
-    labelled. The draw is kept: labels on its items correct the mean (`corrected`). A new
-    draw replaces the old one."""
+    labelled (a 409 while it has none). The draw is kept: labels on its items correct the mean
+    (`corrected`). A new draw replaces the old one."""
     with _answering():
         keys = labels.draw_sample(run_id, principal.project, body.size, body.seed, principal.key_id)
     return {"seed": body.seed, "item_ids": keys}

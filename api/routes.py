@@ -18,6 +18,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import AfterValidator
 from redis.exceptions import RedisError
 from sqlalchemy import text
+from starlette.convertors import Convertor, register_url_convertor
 
 from api import schemas, streams
 from api.auth import AdminProject, Caller, Project, WriteProject, Writer
@@ -28,13 +29,15 @@ from recallq.core.status import PublicItemStatus, RunStatus
 from recallq.execution.runtime import Runtime
 from recallq.runs import comparisons, ingest, item_views, run_views
 from recallq.runs.reads import RunReads
-from recallq.runs.service import RunService
+from recallq.runs.service import RUN_FIELDS, RunService
 from recallq.state.apikeys import Principal
 from recallq.state.runs import MAX_ID_LENGTH
 
 log = logging.getLogger(__name__)
 router = APIRouter()
 NDJSON = "application/x-ndjson"
+#: query parameters of POST /v1/runs that carry JSON: the run fields of the same names
+JSON_QUERY_PARAMETERS = ("context", "context_extractor")
 MAX_CURSOR_LENGTH = 64
 ANONYMOUS = "auth-off"  # the rate-limit key of every caller when RECALLQ_AUTH=off
 errors = schemas.error_responses
@@ -161,19 +164,21 @@ async def create_run(
         str | None, Header(max_length=200, description="a retried submission returns its run")
     ] = None,
     dry_run: Annotated[bool, Query(description="estimate only: nothing is created")] = False,
-    name: Annotated[str | None, Query(max_length=200)] = None,
+    name: Annotated[str | None, Query(max_length=200, json_schema_extra=schemas.NO_NUL)] = None,
     model: Annotated[str | None, Query(max_length=200)] = None,
     scale: Annotated[float, Query(ge=scoring.MIN_SCALE, le=scoring.MAX_SCALE)] = 1,
+    # JSON (the document says so: api.app, JSON_QUERY_PARAMETERS)
     context: Annotated[
         str | None,
         Query(
             max_length=2000,
-            description="JSON list of static context passages (it travels in the URL: send a "
-            "long one in a JSON body)",
+            description="JSON: the static context passages (at most 2,000 characters: it "
+            "travels in the URL; send a long one in a JSON body)",
         ),
     ] = None,
     context_extractor: Annotated[
-        str | None, Query(max_length=2000, description="JSON extractor spec")
+        str | None,
+        Query(max_length=2000, description="JSON: the extractor (at most 2,000 characters)"),
     ] = None,
     retry_deadline_s: Annotated[float | None, Query(gt=0, le=ingest.MAX_RETRY_DEADLINE)] = None,
     budget_usd: Annotated[float | None, Query(gt=0, le=ingest.MAX_BUDGET_USD)] = None,
@@ -194,6 +199,14 @@ async def create_run(
     content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if content_type not in (NDJSON, "application/json"):  # none: a Blob from another site
         raise HttpError(415, "unsupported_media_type", f"use application/json or {NDJSON}")
+    in_query = sorted(set(request.query_params) & set(RUN_FIELDS))
+    if content_type != NDJSON and in_query:  # else ignored: a budget the client set, not kept
+        raise HttpError(
+            422,
+            "invalid_request",
+            f"run fields go in the JSON body; query parameters ({', '.join(in_query)}) are "
+            "for an NDJSON body",
+        )
     limiter = getattr(request.app.state, "submissions", None)
     await anyio.to_thread.run_sync(_admit, service, principal, limiter, dry_run)
     if content_type == NDJSON:
@@ -274,7 +287,7 @@ def list_runs(
 ) -> dict[str, Any]:
     """The project's runs, newest first: `{"runs": [run objects], "next_cursor": ...}`."""
     after = None
-    if cursor:
+    if cursor is not None:  # an empty one too: a cursor is only what this API returned
         try:
             after = run_views.decode_run_cursor(cursor)
         except ValueError:
@@ -321,7 +334,7 @@ def compare_runs(
 
 
 def _decode_cursor(cursor: str | None) -> int | None:
-    if not cursor:
+    if cursor is None:  # an empty one is no cursor this API returned: a 422
         return None
     index = -1
     if len(cursor) <= MAX_CURSOR_LENGTH and cursor.isascii():
@@ -374,9 +387,26 @@ def list_items(
     return {"items": items, "next_cursor": _encode_cursor(next_index)}
 
 
+class ItemIdPath(Convertor[str]):
+    """An item id in a path: it may contain `/` (as itself or as %2F: the path is matched
+    decoded), but it does not end in `/claims/{index}/label`. That path is a claim's label
+    (PUT, DELETE: api.label_routes), so a GET of it is a 405 naming those, not the item
+    "{id}/claims/{index}/label" (such an item is read from the items list)."""
+
+    regex = r"(?!.+/claims/[^/]+/label$).+"
+
+    def convert(self, value: str) -> str:
+        return value
+
+    def to_string(self, value: str) -> str:
+        return value
+
+
+register_url_convertor("item_id", ItemIdPath())
+
+
 @router.get(
-    # an id may contain `/`, as itself or as %2F (the path is matched decoded)
-    "/v1/runs/{run_id}/items/{item_id:path}",
+    "/v1/runs/{run_id}/items/{item_id:item_id}",
     response_model=None,
     responses={200: {"model": schemas.ItemView}, **errors(401, 404, 422)},
 )
@@ -491,7 +521,7 @@ async def resume_run(
     (else a 409 `budget_spent`)."""
     body = await read_json_body(request, RESUME_MAX_BYTES, Pace.of(service.settings))
     fields: Any = {}
-    if body.strip():
+    if body.strip(b" \t\r\n"):  # JSON's whitespace: any other byte is a body, and parsed
         try:
             fields = inputs.loads(body, service.settings.max_json_depth)
         except inputs.UnsafeInput as exc:

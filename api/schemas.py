@@ -7,9 +7,10 @@ out (the spec only promises the fields listed here).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TypeAlias, Union
 
 from pydantic import BaseModel, ConfigDict, Field
+from typing_extensions import TypeAliasType
 
 from recallq.core import scoring
 from recallq.core.context import AGENT_INPUT_KEYS
@@ -228,11 +229,38 @@ class Readiness(BaseModel):
 
 # --- what POST /v1/runs takes -------------------------------------------------------------
 
+#: what the served schema says of text the server refuses with a NUL in it (checked there)
+NO_NUL: dict[str, Any] = {"pattern": "^[^\\u0000]*$"}
+PlainText = Annotated[str, Field(pattern=NO_NUL["pattern"])]
+# an object's keys: without NUL (`patternProperties`, and no other key)
+_KEYS_WITHOUT_NUL = Field(json_schema_extra={"additionalProperties": False})
+#: Any JSON value a submission carries (an input, an output, a metadata value): the server
+#: refuses a NUL in any of its strings, an object's keys included (recallq.core.inputs).
+if TYPE_CHECKING:  # a recursive alias with Annotated parts is beyond mypy: Any to it
+    JsonValue: TypeAlias = Any
+else:
+    JsonValue = TypeAliasType(
+        "JsonValue",
+        # `|` cannot join the string forward references of a recursive alias
+        Union[  # noqa: UP007
+            None,
+            bool,
+            int,
+            float,
+            PlainText,
+            list["JsonValue"],
+            Annotated[dict[PlainText, "JsonValue"], _KEYS_WITHOUT_NUL],
+        ],
+    )
+JsonObject = Annotated[dict[PlainText, JsonValue], _KEYS_WITHOUT_NUL]
+
 
 class ToolResultsExtractor(BaseModel):
     model_config = ConfigDict(extra="forbid")
     type: Literal["tool_results"]
-    tools: list[str] | None = Field(None, min_length=1)
+    tools: list[Annotated[str, Field(pattern=r"\S")]] | None = Field(
+        None, min_length=1, description="tool names (not blank); none: every tool's results"
+    )
 
 
 class JmespathExtractor(BaseModel):
@@ -245,12 +273,15 @@ class SubmittedItem(BaseModel):
     """One item. `context` may be left out when the run has a static context, or when the
     item is agent-shaped and the run names a context_extractor."""
 
-    id: str | int | None = Field(None, description="unique within the run; default: index")
-    input: Any = None
-    output: Any = None
-    ground_truth: Any = Field(None, description="a non-string one is scored as its JSON text")
-    context: list[Any] | str | None = None
-    metadata: dict[str, Any] | None = Field(
+    # unknown fields are kept (they go to metadata): any JSON value, under a name without NUL
+    model_config = ConfigDict(extra="allow", json_schema_extra={"propertyNames": NO_NUL})
+    __pydantic_extra__: dict[str, JsonValue] = Field(init=False)
+    id: PlainText | int | None = Field(None, description="unique within the run; default: index")
+    input: JsonValue = None
+    output: JsonValue = None
+    ground_truth: JsonValue = Field(None, description="a non-string one is scored as its JSON text")
+    context: list[JsonValue] | PlainText | None = None
+    metadata: JsonObject | None = Field(
         None, description="kept with the item; other unknown fields go here too"
     )
 
@@ -270,8 +301,6 @@ _AGENT_OUTPUT = {
         "properties": {"role": {"type": "string"}},
     },
 }
-#: what the served schema says of text the server refuses with a NUL in it (checked there)
-NO_NUL: dict[str, Any] = {"pattern": "^[^\\u0000]*$"}
 _NON_BLANK = {"type": "string", "pattern": r"\S"}
 #: A run is refused (422 no_context) when no item can resolve a context; the served schema
 #: says which bodies can: an item with its own context, a static context with a passage, or
@@ -316,18 +345,21 @@ class RunSubmission(BaseModel):
     """A JSON submission (at most `RECALLQ_MAX_JSON_BODY_BYTES`; large runs use NDJSON)."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra=CONTEXT_SOURCES)
-    name: str | None = Field(None, max_length=200)
+    name: PlainText | None = Field(None, max_length=200)
     model: str | None = Field(None, description="a name from the models file")
-    mode: Literal["online", "batch"] = Field(
-        "online", description="batch: through the provider's Batch API (a model marked batch)"
+    mode: Literal["online", "batch"] | None = Field(
+        "online",
+        description="batch: through the provider's Batch API (a model marked batch); null: online",
     )
-    scale: float = Field(
+    scale: float | None = Field(
         1,
         ge=scoring.MIN_SCALE,
         le=scoring.MAX_SCALE,
-        description="scores run from 0 to this (reported to 2 decimals)",
+        description="scores run from 0 to this (reported to 2 decimals); null: 1",
     )
-    context: list[Any] | str | None = Field(None, description="static context for every item")
+    context: list[JsonValue] | PlainText | None = Field(
+        None, description="static context for every item"
+    )
     context_extractor: ToolResultsExtractor | JmespathExtractor | None = None
     retry_deadline_s: float | None = Field(None, gt=0, le=ingest.MAX_RETRY_DEADLINE)
     budget_usd: float | None = Field(None, gt=0, le=1_000_000)

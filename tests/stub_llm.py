@@ -74,11 +74,12 @@ Config keys (``/_stub/config``, ``StubServer(**config)``; CLI flags for the firs
   ``completed`` once that many seconds have passed since its creation.
 * ``batch_line_fail_rate`` (0..1): seeded chance that a line fails with a 500 in the error
   file instead of being answered.
-* ``follow_injections`` (null, ``"prepend"`` or ``"replace"``): a judge that follows an
-  instruction in a packed ground truth holding ``STUB_INJECT``: every *other* index of the
-  pack is answered with that ground truth's first claim, either in extra entries before the
-  honest ones (``prepend``: those indices are answered twice) or instead of them
-  (``replace``).
+* ``follow_injections`` (null, ``"prepend"``, ``"replace"`` or ``"once"``): a judge that
+  follows an instruction in a packed ground truth holding ``STUB_INJECT``: every *other*
+  index of the pack is answered with that ground truth's first claim, either in extra
+  entries before the honest ones (``prepend``: those indices are answered twice) or instead
+  of them (``replace``); or (``once``) instead of them, each index once, with a claim that
+  shares no word with any ground truth of the pack (``UNRELATED_CLAIMS``: the first such).
 * ``echo_authorization`` (bool): every answer carries the request's ``Authorization``
   header: each claim list (single or packed) gets the claims ``"Authorization: <header>"``
   and ``"The request key is <key>"``, and each verdict's reason ends with the key.
@@ -153,7 +154,13 @@ MARK_HUGE_CLAIMS = "STUB_HUGE_CLAIMS"
 MARK_HUGE_REASON = "STUB_HUGE_REASON"
 HUGE_CLAIMS = 20_000  # about 4.3 MB of claims, as the judge of issue 19 answered
 HUGE_REASON_CHARS = 100_000
-INJECT_STYLES = ("prepend", "replace")
+INJECT_STYLES = ("prepend", "replace", "once")
+#: what a judge following an injection in the "once" style answers for every other index
+UNRELATED_CLAIMS = (
+    "The moon is made of green cheese",
+    "Purple elephants juggle quietly",
+    "Seven owls recite sonnets",
+)
 
 RPM_WINDOW_S = 60.0
 READY_PREFIX = "STUB_READY "
@@ -194,7 +201,7 @@ class StubConfig:
     batch_line_fail_rate: float = 0.0
     batch_max_requests: int = 50_000
     batch_max_bytes: int = 200 * 1024 * 1024
-    follow_injections: str | None = None  # None, "prepend" or "replace" (module docstring)
+    follow_injections: str | None = None  # None or one of INJECT_STYLES (module docstring)
     echo_authorization: bool = False
     flip_rate: float = 0.0
     flip_per_call: bool = False
@@ -337,6 +344,15 @@ def split_claims(ground_truth: str) -> list[str]:
 def content_words(text: str) -> set[str]:
     """Lowercase alphanumeric tokens of length >= 4."""
     return {word for word in _WORD.findall(text.lower()) if len(word) >= 4}
+
+
+def unrelated_claim(texts: list[str]) -> str:
+    """The first of UNRELATED_CLAIMS that shares no word with any of these texts."""
+    words = set().union(*(_WORD.findall(text.lower()) for text in texts))
+    for claim in UNRELATED_CLAIMS:
+        if not words & set(_WORD.findall(claim.lower())):
+            return claim
+    raise ValueError("every one of UNRELATED_CLAIMS shares a word with these texts")
 
 
 def indexed_texts(items: Any, field: str) -> list[tuple[int, str]]:
@@ -897,7 +913,10 @@ class StubState:
         style = self.config.follow_injections
         injector = next((text for _, text in ground_truths if MARK_INJECT in text), None)
         if style is not None and injector is not None:
-            injected = split_claims(injector)[:1]
+            if style == "once":
+                injected = [unrelated_claim([text for _, text in ground_truths])]
+            else:
+                injected = split_claims(injector)[:1]
             forged = [
                 {"index": index, "claims": injected}
                 for index, text in ground_truths

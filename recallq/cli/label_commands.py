@@ -29,6 +29,7 @@ from recallq.cli.output import print_json, print_run
 from recallq.client import Client
 from recallq.core import gates
 from recallq.core.exits import CommandError, Exit
+from recallq.labels import files
 from recallq.labels import store as labels
 from recallq.labels.service import LabelService
 from recallq.labels.store import LabelError
@@ -129,7 +130,7 @@ class ApiLabels:
         return list(drawn["item_ids"]), sheet
 
     def import_file(self, run_id: str, data: bytes) -> dict[str, Any]:
-        kind = "application/x-ndjson" if data.lstrip().startswith(b"{") else "text/csv"
+        kind = {"jsonl": "application/x-ndjson", "csv": "text/csv"}[files.file_format(data)]
         response = self.client.send(
             "POST", f"/v1/runs/{run_id}/labels", content=data, headers={"Content-Type": kind}
         )

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recallq.core.outcomes import Stage
+from recallq.judge.lexical import STOPWORDS
 
 PROMPT_VERSION = "v1"
 EXTRACTION = "claim_extraction"
@@ -292,92 +293,52 @@ def _redacted(value: Any, redact: Redact) -> Any:
     return value
 
 
-# --- packed answers: one item's text must not decide another item's claims ------------------
+# --- packed answers: one item's text decides nothing about another item's claims ------------
 
-#: A claim whose content words are less than this share in its own ground truth, and more in
-#: another ground truth of the pack, is taken as that other item's (docs/judge-answers.md).
-MIN_OWN_OVERLAP = 0.5
+#: A packed answer's claim is taken for its item only when at least this share of its content
+#: words is in the item's own ground truth (docs/judge-answers.md).
+MIN_GROUNDING = 0.5
 _WORD = re.compile(r"[^\W_]+")
-# words that say nothing about which ground truth a claim came from
-_STOP_WORDS = frozenset(
-    (
-        "about",
-        "after",
-        "also",
-        "been",
-        "before",
-        "being",
-        "between",
-        "both",
-        "does",
-        "from",
-        "have",
-        "having",
-        "into",
-        "more",
-        "most",
-        "only",
-        "other",
-        "over",
-        "same",
-        "some",
-        "such",
-        "than",
-        "that",
-        "their",
-        "them",
-        "then",
-        "there",
-        "these",
-        "they",
-        "this",
-        "those",
-        "very",
-        "were",
-        "what",
-        "when",
-        "where",
-        "which",
-        "while",
-        "with",
-        "would",
-        "your",
-    )
-)
+_THOUSANDS = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
 
 
 def content_words(text: str) -> set[str]:
-    """The words a claim shares with the text it came from: lowercase, four letters or more
-    (or holding a digit: numbers, years), cut to their first five letters so that plurals and
-    tenses of one word agree ("awarded", "awards"), stop words left out."""
+    """The words that tie a claim to the text it came from: lowercase, stop words left out,
+    cut to their first five letters so that plurals and tenses of one word agree ("awarded",
+    "awards"); a number is kept whole, without its thousands separators ("1,000" is "1000")."""
     words = set()
-    for word in _WORD.findall(text.lower()):
-        if (len(word) >= 4 and word not in _STOP_WORDS) or any(c.isdigit() for c in word):
+    for word in _WORD.findall(_THOUSANDS.sub("", text.lower())):
+        if _is_number(word):
+            words.add(word)
+        elif word not in STOPWORDS:
             words.add(word[:5])
     return words
 
 
-def foreign_claim(claim: str, own: set[str], others: Sequence[set[str]]) -> bool:
-    """Whether a claim looks taken from another ground truth of the pack rather than its own:
-    less than MIN_OWN_OVERLAP of its content words in its own, and more in another's. A claim
-    with no content words says nothing either way."""
+def grounded_claim(claim: str, own: set[str], others: Sequence[set[str]]) -> bool:
+    """Whether a claim of a packed answer is its own item's: it has content words, every
+    number of it is in its own ground truth (`own`: that text's content words), at least
+    MIN_GROUNDING of its words are, and no other ground truth of the pack holds more of them.
+    Anything else fails closed: the item is extracted alone."""
     words = content_words(claim)
-    if not words:
+    if not words or any(_is_number(word) and word not in own for word in words):
         return False
     share = len(words & own) / len(words)
-    if share >= MIN_OWN_OVERLAP:
-        return False
-    return any(len(words & other) / len(words) > share for other in others)
+    return share >= MIN_GROUNDING and all(
+        len(words & other) / len(words) <= share for other in others
+    )
 
 
 def packed_claims(
     data: dict[str, Any], ground_truths: Sequence[str], limits: AnswerLimits = DEFAULT_LIMITS
 ) -> dict[int, list[str]]:
     """Claims per index of a packed answer, for the indices of `ground_truths` it answers
-    well. Every other item falls back to an extraction of its own: an entry whose index is
-    out of range or whose claims are not a list; every entry of an index answered more than
-    once (which of them is honest cannot be told); an item with a claim that looks taken from
-    another ground truth of the pack (`foreign_claim`); an item over the answer limits."""
+    well: once, with at least one claim, every claim grounded in that index's own ground truth
+    (`grounded_claim`), within the answer limits. Every other item is extracted alone, in a
+    call that carries no other item's text: an entry whose index is out of range or whose
+    claims are not a list; every entry of an index answered more than once (which of them is
+    honest cannot be told); an item answered with no claim or with one that is not grounded;
+    an item over the answer limits."""
     entries: dict[int, Any] = {}
     repeated: set[int] = set()
     for entry in data.get("items") or []:
@@ -398,7 +359,7 @@ def packed_claims(
             continue
         claims = _claims(raw)
         others = words[:index] + words[index + 1 :]
-        if any(foreign_claim(claim, words[index], others) for claim in claims):
+        if not claims or not all(grounded_claim(c, words[index], others) for c in claims):
             continue
         try:
             check_claims(claims, limits)
@@ -406,6 +367,10 @@ def packed_claims(
             continue
         found[index] = claims
     return found
+
+
+def _is_number(word: str) -> bool:
+    return any(c.isdigit() for c in word)
 
 
 def _claims(raw: list[Any]) -> list[str]:

@@ -1,13 +1,24 @@
 """A file of labels imported: CSV or JSONL rows of `item_id, claim_index` (or `claim`),
-`verdict` and `note`; every row is stored or reported as a problem with its line."""
+`verdict` and `note`; every row is stored, skipped (its verdict left empty) or reported as a
+problem with its line.
+
+A file is a labels file when its first row says so: a CSV header that names a `verdict` (or
+`human_verdict`) column (`CSV_HEADER_PATTERN`, which the served OpenAPI document states), or
+a first JSONL line that is an object with such a field. Any other file is refused whole (a
+LabelError: 422) with the line that shows it. In a labels file nothing is lost silently: a
+line that is not UTF-8, not CSV (a quote never closed, a stray quote) or not a JSON object,
+a row with fewer cells than the header or more, a row with no verdict field, is a problem of
+its line, and reading goes on with the next line.
+"""
 
 from __future__ import annotations
 
 import csv
 import io
 import json
+import re
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,55 +37,169 @@ from recallq.labels.store import (
 )
 from recallq.state.tables import Claim, Item
 
+VERDICT_FIELDS = ("verdict", "human_verdict")  # human_verdict: the sample file's column
+#: A CSV header: up to this many columns before the verdict column and after it, names of up
+#: to HEADER_NAME_CHARS characters, after up to this many blank lines (bounds that keep the
+#: pattern's match cheap on a 10 MB file)
+HEADER_COLUMNS, HEADER_NAME_CHARS = 63, 200
+_LINE_END = r"(?:\r\n|\r|\n)"
+# a cell quoted (a quote doubled inside) or bare (without a quote)
+_CELL = rf'(?:"(?:[^"]|""){{0,{HEADER_NAME_CHARS}}}"|[^",\r\n]{{0,{HEADER_NAME_CHARS}}})'
+_VERDICT = r'(?:"(?:human_)?verdict"|(?:human_)?verdict)'
+#: How a CSV labels file starts: a header, one of its cells `verdict` or `human_verdict`. The
+#: server's rule and the served schema's pattern (ECMA-262 and Python alike).
+CSV_HEADER_PATTERN = (
+    rf"^\ufeff?{_LINE_END}{{0,{HEADER_COLUMNS}}}(?:{_CELL},){{0,{HEADER_COLUMNS}}}{_VERDICT}"
+    rf"(?:,{_CELL}){{0,{HEADER_COLUMNS}}}(?:{_LINE_END}|$)"
+)
+_CSV_HEADER = re.compile(CSV_HEADER_PATTERN)
+#: What the first non-blank line of a JSONL labels file holds (the served schema says the same)
+FIRST_JSONL_ROW: dict[str, Any] = {
+    "type": "object",
+    "anyOf": [{"required": [name]} for name in VERDICT_FIELDS],
+}
+# a byte that is not UTF-8, as decoding with "surrogateescape" keeps it
+_NOT_UTF8 = re.compile("[\udc80-\udcff]")
+
 
 @dataclass(frozen=True)
 class Row:
-    """One row of a labels file, by its line number (the header is line 1 of a CSV)."""
+    """One row of a labels file, by the line it starts on (the header is line 1 of a CSV)."""
 
     line: int
     fields: dict[str, Any]
 
 
+def file_format(data: bytes) -> str:
+    """ "jsonl" when the first non-blank character is `{`, else "csv"."""
+    return "jsonl" if data.removeprefix(b"\xef\xbb\xbf").lstrip().startswith(b"{") else "csv"
+
+
 def parse_file(data: bytes, format: str | None = None) -> tuple[list[Row], list[dict[str, Any]]]:
-    """The rows of a CSV or JSONL labels file (JSONL when the first non-blank character is
-    `{`, unless `format` says), and the lines that are not rows at all."""
+    """The rows of a CSV or JSONL labels file (by `file_format` unless `format` says), and the
+    lines that are not rows (problems). LabelError for a file that is not a labels file."""
     if len(data) > MAX_IMPORT_BYTES:
         raise LabelError(f"a labels file may be at most {MAX_IMPORT_BYTES // 2**20} MB", 413)
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError:
-        raise LabelError("a labels file must be UTF-8 text") from None
-    if format is None:
-        format = "jsonl" if text.lstrip().startswith("{") else "csv"
-    rows: list[Row] = []
-    problems: list[dict[str, Any]] = []
-    if format == "jsonl":
-        for number, line in enumerate(text.splitlines(), 1):
-            if not line.strip():
-                continue
-            try:
-                value = json.loads(line)
-            except (ValueError, RecursionError):  # ValueError: an integer of 4,300+ digits
-                problems.append({"line": number, "problem": "not a JSON object"})
-                continue
-            if not isinstance(value, dict):
-                problems.append({"line": number, "problem": "not a JSON object"})
-                continue
-            rows.append(Row(number, value))
-    else:
-        reader = csv.DictReader(io.StringIO(text, newline=""))
-        try:
-            for fields in reader:
-                extra = fields.pop(None, None)
-                if extra:
-                    problems.append({"line": reader.line_num, "problem": "more cells than columns"})
-                    continue
-                rows.append(Row(reader.line_num, dict(fields)))
-        except csv.Error as exc:
-            problems.append({"line": reader.line_num, "problem": f"not CSV: {exc}"})
+    text = data.removeprefix(b"\xef\xbb\xbf").decode("utf-8", "surrogateescape")
+    reader = _jsonl_rows if (format or file_format(data)) == "jsonl" else _csv_rows
+    rows, problems = reader(text)
     if len(rows) > MAX_IMPORT_ROWS:
         raise LabelError(f"a labels file may have at most {MAX_IMPORT_ROWS} rows", 413)
     return rows, problems
+
+
+def _lines(text: str) -> list[str]:
+    """The lines of a text, each with its end: only \\n, \\r\\n and \\r end one (str.splitlines
+    would also split at characters a JSON string or a CSV cell may hold, such as U+2028)."""
+    return list(io.StringIO(text, newline=""))
+
+
+def _jsonl_rows(text: str) -> tuple[list[Row], list[dict[str, Any]]]:
+    rows: list[Row] = []
+    problems: list[dict[str, Any]] = []
+    for number, line in enumerate(_lines(text), 1):
+        if not line.strip():
+            continue
+        value: Any = None
+        problem = _not_utf8(line)
+        if problem is None:
+            try:
+                value = json.loads(line)
+            except (ValueError, RecursionError):  # ValueError: an integer of 4,300+ digits
+                problem = "not a JSON object"
+            else:
+                problem = None if isinstance(value, dict) else "not a JSON object"
+        if not rows and not problems and (problem or not _names_a_verdict(value)):
+            raise LabelError(
+                f"line {number}: a JSONL labels file starts with a JSON object that has a "
+                "verdict (or human_verdict) field"
+            )
+        if problem is not None:
+            problems.append({"line": number, "problem": problem})
+        else:
+            rows.append(Row(number, value))
+    if not rows and not problems:
+        raise LabelError("line 1: a JSONL labels file starts with a JSON object; this one is empty")
+    return rows, problems
+
+
+def _csv_rows(text: str) -> tuple[list[Row], list[dict[str, Any]]]:
+    if _CSV_HEADER.match(text) is None:
+        raise LabelError(
+            "line 1: a CSV labels file starts with a header that names a verdict (or "
+            f"human_verdict) column, as a sample file does (with at most {HEADER_COLUMNS} "
+            f"columns before it and after it, names of at most {HEADER_NAME_CHARS} characters)"
+        )
+    header: list[str] = []
+    rows: list[Row] = []
+    problems: list[dict[str, Any]] = []
+    for number, cells in _csv_records(_lines(text)):
+        if not header:
+            # the pattern matched, so the csv module reads the same header
+            header = cells if isinstance(cells, list) else []
+            continue
+        if isinstance(cells, str):
+            problems.append({"line": number, "problem": cells})
+            continue
+        problem = _not_utf8(*cells) or _cell_count(cells, len(header))
+        if problem is not None:
+            problems.append({"line": number, "problem": problem})
+            continue
+        rows.append(Row(number, dict(zip(header, cells, strict=False))))
+    return rows, problems
+
+
+def _csv_records(lines: list[str]) -> Iterator[tuple[int, list[str] | str]]:
+    """(line, cells) for each record of a CSV text, blank ones left out, or (line, problem)
+    for one the csv module cannot read. After such a one, reading goes on from the line after
+    its first: a quote opened by mistake swallows the lines below it into one cell, and those
+    lines are rows of their own."""
+    csv.field_size_limit(max(csv.field_size_limit(), MAX_IMPORT_BYTES))  # a file's cell fits
+    position = 0
+    while position < len(lines):
+        read = position  # lines handed to the reader
+
+        def feed() -> Iterator[str]:
+            nonlocal read
+            while read < len(lines):
+                read += 1
+                yield lines[read - 1]
+
+        reader = csv.reader(feed(), strict=True)
+        while True:
+            first = read  # the reader takes a record's lines only as it reads them
+            try:
+                cells = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:
+                never_closed = read == len(lines) and "unexpected end of data" in str(exc)
+                why = "a quote opened on this line is never closed" if never_closed else exc
+                yield first + 1, f"not CSV: {why}"
+                position = first + 1
+                break
+            if any(cell.strip() for cell in cells):
+                yield first + 1, cells
+
+
+def _cell_count(cells: list[str], columns: int) -> str | None:
+    if len(cells) > columns and any(cell.strip() for cell in cells[columns:]):
+        return f"{len(cells)} cells, more than the header's {columns} columns"
+    if len(cells) < columns:
+        return f"{len(cells)} cells, fewer than the header's {columns} columns"
+    return None
+
+
+def _not_utf8(*texts: str) -> str | None:
+    for text in texts:
+        found = _NOT_UTF8.search(text)
+        if found is not None:
+            return f"not UTF-8 text (byte 0x{ord(found.group()) - 0xDC00:02x})"
+    return None
+
+
+def _names_a_verdict(value: Any) -> bool:
+    return isinstance(value, dict) and any(name in value for name in VERDICT_FIELDS)
 
 
 def import_rows(
@@ -147,6 +272,12 @@ def _row(
     claims: dict[int, dict[int, Claim]],
     by_text: dict[str, list[tuple[Item, Claim]]],
 ) -> tuple[Item, Claim, str, str | None] | None:
+    if not _names_a_verdict(fields):
+        raise LabelError("no verdict (or human_verdict) field")
+    for name, value in fields.items():
+        problem = text_problem(value) if isinstance(value, str) else None
+        if problem is not None:
+            raise LabelError(f"{str(name)[:40]} contains {problem}")
     raw = fields.get("verdict", fields.get("human_verdict"))
     if raw is None or (isinstance(raw, str) and not raw.strip()):
         return None

@@ -35,7 +35,8 @@ def draw_sample(session: Session, run: Run, size: int, seed: int, who: str | Non
         )
     )
     if not keys:
-        raise LabelError(f"run {run.id} has no scored item with claims to label")
+        # the run's state, not the request: the same draw succeeds once items are scored
+        raise LabelError(f"run {run.id} has no scored item with claims to label", 409)
     chosen = random.Random(seed).sample(keys, min(size, len(keys)))
     existing = session.get(LabelSample, run.id)
     if existing is None:

@@ -114,7 +114,8 @@ def build_spec(
 ) -> RunSpec:
     """A checked run spec. `batch_models` are the models whose provider Batch API may be
     used: a batch-mode run of another model is refused."""
-    model = require_known_model(model or default_model, known_models)
+    # none or "" is the default model; anything else must name one ({} is no model)
+    model = require_known_model(default_model if model in (None, "") else model, known_models)
     run_mode = _mode(mode, model, batch_models)
     try:
         scale = scoring.submitted_scale(scale)

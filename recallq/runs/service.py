@@ -310,8 +310,9 @@ class RunService:
             if given is not None and kept is None:
                 # workers that read "no budget" once do not count spend: a new kind of budget
                 # could not hold
-                raise ingest.SubmissionError(
-                    f"{name} raises a run's budget on resume; run {run_id} has no {name}"
+                raise RunConflict(
+                    "no_budget",
+                    f"{name} raises a run's budget on resume; run {run_id} has no {name}",
                 )
         raised = usd is not None or tokens is not None
         if raised:

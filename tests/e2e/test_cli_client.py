@@ -297,7 +297,7 @@ def test_a_bad_item_read_mid_upload_stores_nothing(api_url: str) -> None:
         assert client.get("/healthz") == {"status": "ok"}
 
 
-def test_by_a_field_no_item_has_is_a_422_naming_the_fields(api_url: str, tmp_path: Path) -> None:
+def test_by_a_field_no_item_has_is_a_404_naming_the_fields(api_url: str, tmp_path: Path) -> None:
     import httpx
 
     data = tmp_path / "topics.jsonl"
@@ -313,7 +313,7 @@ def test_by_a_field_no_item_has_is_a_422_naming_the_fields(api_url: str, tmp_pat
     data.write_text("".join(json.dumps(item) + "\n" for item in items))
     run_id = json.loads(recallq("submit", str(data), "--wait", "--json", api=api_url).stdout)["id"]
     response = httpx.get(f"{api_url}/v1/runs/{run_id}", params={"by": "topc"})
-    assert response.status_code == 422, response.text
+    assert response.status_code == 404, response.text
     error = response.json()["error"]
     assert error["code"] == "unknown_field"
     assert error["message"] == "no item has the metadata field 'topc'; the items' fields: topic"

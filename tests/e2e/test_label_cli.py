@@ -129,6 +129,25 @@ def test_bad_label_commands_are_one_line_exit_2(local_run: tuple[Path, str]) -> 
     done = _recallq(cwd, "label", run, "--import", str(bad))
     assert done.returncode == 1 and "bad.csv:2: no item 'nope'" in done.stderr
 
+    # issue 28: a quote never closed swallowed the rows below it, without a word
+    broken = cwd / "broken.csv"
+    broken.write_text(
+        "item_id,claim_index,human_verdict,note\n"
+        'hr-expense-meals,0,yes,"oops\n'
+        "hr-expense-meals,1,no,\n"
+        "hr-expense-mileage,0,yes,\n"
+    )
+    done = _recallq(cwd, "label", run, "--import", str(broken))
+    assert done.returncode == 1, done.stderr
+    assert done.stderr.splitlines() == [
+        f"recallq: {broken}:2: not CSV: a quote opened on this line is never closed"
+    ]
+    assert "2 labels stored, 0 rows left empty, 1 row with problems" in done.stdout
+    unrelated = cwd / "unrelated.csv"
+    unrelated.write_text("a,b\n1,2\n")  # columns that match nothing: was "skipped 1"
+    done = _recallq(cwd, "label", run, "--import", str(unrelated))
+    assert done.returncode == 2 and "line 1: a CSV labels file starts with a header" in done.stderr
+
 
 def test_an_unwritable_out_is_one_line_and_keeps_the_drawn_sample(
     local_run: tuple[Path, str],

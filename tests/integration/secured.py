@@ -106,5 +106,15 @@ def error_of(response: httpx.Response) -> tuple[int, str]:
     return response.status_code, body["error"]["code"]
 
 
+def post_labels(api: str, key: str | None, run: str, data: bytes, kind: str) -> httpx.Response:
+    """POST a labels file of this Content-Type to a run."""
+    return httpx.post(
+        f"{api}/v1/runs/{run}/labels",
+        content=data,
+        headers={**bearer(key), "Content-Type": kind},
+        timeout=120,
+    )
+
+
 def env_without_secrets() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if not k.startswith("RECALLQ_")}

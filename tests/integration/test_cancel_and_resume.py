@@ -106,7 +106,8 @@ def test_a_completed_run_does_not_resume_and_a_cancelled_one_does_not_retry(
     unknown = httpx.post(f"{api}/v1/runs/{run_id}/resume", json={"items": []}, timeout=60)
     assert unknown.status_code == 422, unknown.text
     new_kind = httpx.post(f"{api}/v1/runs/{run_id}/resume", json={"budget_usd": 5}, timeout=60)
-    assert new_kind.status_code == 422 and "has no budget_usd" in new_kind.text
+    assert new_kind.status_code == 409 and "has no budget_usd" in new_kind.text
+    assert new_kind.json()["error"]["code"] == "no_budget"
     by_cli = recallq(env, "resume", run_id, "--api", api)  # the CLI asks the service
     assert by_cli.returncode == 0, by_cli.stderr
     assert f"resume run {run_id}: 2 items queued again" in by_cli.stderr

@@ -1,7 +1,9 @@
-"""A hostile judge, with real workers, the API, Postgres, Redis and the stub over HTTP (issue 19):
-an item that injects claims into its pack changes no other item nor the claim cache, a huge
-answer fails its item with the limit's message and stores nothing oversized, and a judge that
-echoes the provider key into its answers gets it stored and shown nowhere."""
+"""A hostile judge, with real workers, the API, Postgres, Redis and the stub over HTTP (issues 19
+and 28): an item that injects claims into its pack changes no other item nor the claim cache
+(whether the judge answers its claim twice for an index, instead of the honest answer, or once
+with a claim unlike every ground truth), a huge answer fails its item with the limit's message
+and stores nothing oversized, and a judge that echoes the provider key into its answers gets
+it stored and shown nowhere."""
 
 from __future__ import annotations
 
@@ -16,7 +18,7 @@ from sqlalchemy import create_engine, text
 from recallq.state.claim_cache import ClaimCache
 from tests.integration.faults import calls_for_tag, make_items, submit
 from tests.services import Process, start_api, start_worker, wait_for_run, write_models_file
-from tests.stub_llm import split_claims
+from tests.stub_llm import UNRELATED_CLAIMS, split_claims
 
 KEY = "sk-stub-secret"  # service_env's STUB_API_KEY
 PROJECT = "default"  # every run's project with RECALLQ_AUTH=off
@@ -75,11 +77,13 @@ def _injector(tag: str) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("style", ["prepend", "replace"])
+@pytest.mark.parametrize("style", ["prepend", "replace", "once"])
 def test_an_injected_instruction_changes_no_other_item_of_its_pack_nor_the_cache(
     api: str, hostile, database: Any, style: str
 ) -> None:
     tag = f"inj{style[0]}"
+    # what the judge plants: the injector's own claim, or one unlike every ground truth
+    planted = [f"Sample {tag}x says"] if style != "once" else list(UNRELATED_CLAIMS)
     victims = make_items(tag, 7)
     hostile.configure(follow_injections=style)
     attacked = wait_for_run(api, submit(api, [*victims, _injector(tag)]))
@@ -106,11 +110,14 @@ def test_an_injected_instruction_changes_no_other_item_of_its_pack_nor_the_cache
         ]
         assert again[victim["id"]]["score"] == 1.0
     with database.connect() as conn:
-        poisoned = conn.execute(
-            text("SELECT count(*) FROM claim_cache WHERE claims::text LIKE :injected"),
-            {"injected": f"%Sample {tag}x says%"},
-        ).scalar()
-    assert poisoned == 1  # the injector's own entry, and no other
+        poisoned = sum(
+            conn.execute(
+                text("SELECT count(*) FROM claim_cache WHERE claims::text LIKE :injected"),
+                {"injected": f"%{claim}%"},
+            ).scalar_one()
+            for claim in planted
+        )
+    assert poisoned == (1 if style != "once" else 0)  # the injector's own entry, no other
 
 
 def test_a_huge_answer_fails_its_item_with_the_limit_and_stores_nothing_oversized(

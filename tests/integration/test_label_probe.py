@@ -23,6 +23,7 @@ from tests.integration.secured import (
     error_of,
     key_id_of,
     make_key,
+    post_labels,
     recallq,
     secured_env,
     submit,
@@ -86,15 +87,6 @@ def _path(item_id: str) -> str:
     return quote(item_id, safe="")
 
 
-def _import(api: str, key: str, run: str, data: bytes, kind: str) -> httpx.Response:
-    return httpx.post(
-        f"{api}/v1/runs/{run}/labels",
-        content=data,
-        headers={**bearer(key), "Content-Type": kind},
-        timeout=120,
-    )
-
-
 def _jsonl(*rows: Any) -> bytes:
     return "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in rows).encode()
 
@@ -106,7 +98,10 @@ def test_every_credential_on_every_label_route(
     api: str, keys: dict[str, str], run: str, rival_run: str
 ) -> None:
     label = f"/v1/runs/{run}/items/plain/claims/0/label"
-    csv_body = {"content": b"", "headers": {"Content-Type": "text/csv"}}
+    csv_body = {
+        "content": b"item_id,claim_index,verdict\n",
+        "headers": {"Content-Type": "text/csv"},
+    }
     routes: list[tuple[str, str, dict[str, Any]]] = [
         ("PUT", label, {"json": {"verdict": "yes"}}),
         ("DELETE", label, {}),
@@ -184,7 +179,7 @@ def test_a_hostile_jsonl_row_is_a_problem_of_its_line_and_the_good_row_stands(
     api: str, keys: dict[str, str], run: str, row: str
 ) -> None:
     data = _jsonl({"item_id": "plain", "claim_index": 0, "verdict": "no"}, row)
-    response = _import(api, keys["write"], run, data, "application/x-ndjson")
+    response = post_labels(api, keys["write"], run, data, "application/x-ndjson")
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["stored"] == 1, body
@@ -205,7 +200,7 @@ def test_a_hostile_csv_row_is_a_problem_of_its_line(
     api: str, keys: dict[str, str], run: str, cells: str
 ) -> None:
     data = f"item_id,claim_index,verdict\nplain,0,no\n{cells}\n".encode()
-    response = _import(api, keys["write"], run, data, "text/csv")
+    response = post_labels(api, keys["write"], run, data, "text/csv")
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["stored"] == 1 and [p["line"] for p in body["problems"]] == [3], body
@@ -217,21 +212,24 @@ def test_a_file_naming_more_items_than_a_query_can_bind_is_answered(
     """70,000 distinct unknown ids (under the row limit): every one a problem, not a 500."""
     rows = "".join(f"u{i},0,yes\n" for i in range(70_000))
     data = ("item_id,claim_index,verdict\nplain,0,no\n" + rows).encode()
-    response = _import(api, keys["write"], run, data, "text/csv")
+    response = post_labels(api, keys["write"], run, data, "text/csv")
     assert response.status_code == 200, response.text[:500]
     body = response.json()
     assert body["stored"] == 1 and body["problems_total"] == 70_000, body["problems"][:3]
 
 
-def test_an_oversized_or_undecodable_file_is_a_clear_4xx(
+def test_an_oversized_file_is_a_413_and_an_undecodable_line_a_problem_of_its_own(
     api: str, keys: dict[str, str], run: str
 ) -> None:
     big = b"item_id,claim_index,verdict\n" + b"x" * (10 * 1024 * 1024)
-    assert error_of(_import(api, keys["write"], run, big, "text/csv"))[0] == 413
-    bad = b"item_id,claim_index,verdict\n\xff\xfe,0,yes\n"
-    assert error_of(_import(api, keys["write"], run, bad, "text/csv"))[0] == 422
+    assert error_of(post_labels(api, keys["write"], run, big, "text/csv"))[0] == 413
+    bad = b"item_id,claim_index,verdict\n\xff\xfe,0,yes\nplain,0,no\n"
+    response = post_labels(api, keys["write"], run, bad, "text/csv")
+    assert response.status_code == 200, response.text
+    assert response.json()["problems"] == [{"line": 2, "problem": "not UTF-8 text (byte 0xff)"}]
+    assert response.json()["stored"] == 1
     rows = b"item_id,claim_index,verdict\n" + b"a,0,\n" * 100_001
-    assert error_of(_import(api, keys["write"], run, rows, "text/csv"))[0] == 413
+    assert error_of(post_labels(api, keys["write"], run, rows, "text/csv"))[0] == 413
 
 
 # --- exports ---------------------------------------------------------------------------------
@@ -256,7 +254,7 @@ def test_the_sample_file_round_trips_ids_a_spreadsheet_would_run(
     writer = csv.DictWriter(out, fieldnames=list(rows[0]))
     writer.writeheader()
     writer.writerows(rows)
-    response = _import(api, keys["write"], run, out.getvalue().encode(), "text/csv")
+    response = post_labels(api, keys["write"], run, out.getvalue().encode(), "text/csv")
     assert response.status_code == 200, response.text
     assert response.json()["problems"] == [] and response.json()["stored"] == len(rows)
     ids = {
@@ -446,7 +444,7 @@ def test_agreement_by_a_field_with_a_value_per_item_is_a_422_not_minutes_of_cpu(
     ]  # fmt: skip
     run = _scored(api, keys["write"], items)
     rows = "".join(f"g{i},0,{'yes' if i % 3 else 'no'}\n" for i in range(120))
-    stored = _import(
+    stored = post_labels(
         api, keys["write"], run, f"item_id,claim_index,verdict\n{rows}".encode(), "text/csv"
     )
     assert stored.status_code == 200 and stored.json()["stored"] == 120, stored.text
@@ -499,7 +497,7 @@ def test_the_labels_export_is_read_in_pages_with_every_label_once_in_order(
     rows = "".join(
         f"e{i},{k},{'yes' if (i + k) % 2 else 'no'},=n{i}\n" for i in range(600) for k in (0, 1)
     )
-    stored = _import(
+    stored = post_labels(
         api, keys["write"], run, f"item_id,claim_index,verdict,note\n{rows}".encode(), "text/csv"
     )
     assert stored.json()["stored"] == 1200, stored.text[:300]
@@ -542,7 +540,7 @@ def test_rows_naming_a_claim_by_its_text_alone(api: str, keys: dict[str, str]) -
         {"item_id": "t0", "claim": shared, "verdict": "yes"},
         {"claim": "bad\u0000text", "verdict": "yes"},
     ]
-    response = _import(api, keys["write"], run, _jsonl(*rows), "application/x-ndjson")
+    response = post_labels(api, keys["write"], run, _jsonl(*rows), "application/x-ndjson")
     assert response.status_code == 200, response.text
     body = response.json()
     assert body["stored"] == 3, body

@@ -19,6 +19,7 @@ from tests.integration.secured import (
     error_of,
     key_id_of,
     make_key,
+    post_labels,
     recallq,
     secured_env,
 )
@@ -197,6 +198,66 @@ def test_import_reports_each_problem_by_line_and_stores_the_good_rows(
         headers={**bearer(keys["read"]), "Content-Type": "application/x-ndjson"},
     )
     assert error_of(read_only) == (403, "forbidden")
+
+
+def test_every_row_of_a_broken_file_is_stored_or_reported_by_its_line(
+    api: str, keys: dict[str, str]
+) -> None:
+    """Issue 28's broken files, through the API: nothing is lost without a word."""
+    run = _scored_run(api, keys["write"], n=4)
+    head = "item_id,claim_index,verdict,note,context\n"
+    passage = "p" * 200_000  # over the csv module's default field limit (131,072)
+    lines = [
+        'doc/0,0,yes,"a quote never closed,',  # 2
+        "doc/1,0,no,,",  # 3: read again after the quote's line: stored
+        f"doc/2,0,yes,,{passage}",  # 4: a long cell: stored
+        "",  # 5: blank
+        "garbage",  # 6
+        "doc/3,0,yes,n\x00ote,",  # 7
+    ]
+    data = (head + "\n".join(lines) + "\n").encode() + b"doc/3,1,\xff,,\n"  # 8
+    response = post_labels(api, keys["write"], run, data, "text/csv")
+    assert response.status_code == 200, response.text[:500]
+    result = response.json()
+    assert result["stored"] == 2 and result["skipped"] == 0, result
+    assert result["problems"] == [
+        {"line": 2, "problem": "not CSV: a quote opened on this line is never closed"},
+        {"line": 6, "problem": "1 cells, fewer than the header's 5 columns"},
+        {"line": 7, "problem": "note contains a NUL character"},
+        {"line": 8, "problem": "not UTF-8 text (byte 0xff)"},
+    ]
+    stored = {(x["item_id"], x["claim_index"]) for x in _labels(api, keys["read"], run)}
+    assert stored == {("doc/1", 0), ("doc/2", 0)}
+
+    jsonl = b'{"item_id": "doc/0", "claim_index": 1, "verdict": "no"}\n{"item_id": "doc/0"}\n'
+    response = post_labels(api, keys["write"], run, jsonl, "application/x-ndjson")
+    assert response.json()["stored"] == 1
+    assert response.json()["problems"] == [
+        {"line": 2, "problem": "no verdict (or human_verdict) field"}
+    ]
+
+    for data, kind in [
+        (b"a,b\n1,2\n", "text/csv"),  # columns matching nothing: was "skipped 1"
+        (b'{"item_id": "doc/0", "claim_index": 0}\n', "application/x-ndjson"),
+    ]:
+        refused = post_labels(api, keys["write"], run, data, kind)
+        assert error_of(refused) == (422, "invalid_request"), refused.text
+        assert refused.json()["error"]["message"].startswith("line 1: ")
+    for body in (b"[1,2]", b'"str"', b"null"):
+        refused = post_labels(api, keys["write"], run, body, "application/json")
+        assert error_of(refused) == (415, "unsupported_media_type")
+    assert len(_labels(api, keys["read"], run)) == 3
+
+
+def test_a_sample_of_a_run_without_claims_is_a_conflict(api: str, keys: dict[str, str]) -> None:
+    """The request is valid; the run has nothing to label yet (409, as the schema says)."""
+    items = [{"id": "empty", "ground_truth": None, "context": ["x"]}]
+    run = completed_run(api, keys["write"], {"items": items, "model": "local/lexical"})["id"]
+    drawn = httpx.post(
+        f"{api}/v1/runs/{run}/labels/sample", json={"size": 1}, headers=bearer(keys["write"])
+    )
+    assert error_of(drawn) == (409, "conflict")
+    assert "has no scored item with claims" in drawn.json()["error"]["message"]
 
 
 def test_a_drawn_sample_gets_a_corrected_mean_and_hand_picked_labels_do_not(

@@ -4,6 +4,7 @@ file)."""
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import pytest
 from sqlalchemy import func, select
@@ -75,6 +76,14 @@ def test_build_spec_unknown_model(model: str) -> None:
     assert info.value.code == "unknown_model"
     assert info.value.status == 422
     assert repr(model) in info.value.message
+
+
+@pytest.mark.parametrize("model", [{}, [], 0, False])
+def test_build_spec_a_model_that_is_no_string_is_no_model(model: Any) -> None:
+    # an empty object was taken as "no model": the default one (schemathesis, issue 28)
+    with pytest.raises(SubmissionError) as info:
+        build_spec(model=model, known_models=KNOWN)
+    assert info.value.code == "unknown_model"
 
 
 def test_build_spec_accepts_any_known_model() -> None:

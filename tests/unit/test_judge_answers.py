@@ -16,7 +16,7 @@ from recallq.judge.protocol import (
     ATTRIBUTION,
     EXTRACTION,
     EXTRACTION_PACKED,
-    MIN_OWN_OVERLAP,
+    MIN_GROUNDING,
     AnswerLimits,
     AnswerTooLarge,
     ProtocolError,
@@ -100,15 +100,7 @@ def test_honest_paraphrases_packed_together_are_all_kept() -> None:
     data = _packed([(i, claims) for i, (_, claims) in enumerate(PARAPHRASES)])
     assert packed_claims(data, truths) == {i: c for i, (_, c) in enumerate(PARAPHRASES)}
     shares = [_own_share(c, t) for t, claims in PARAPHRASES for c in claims]
-    assert min(shares) >= MIN_OWN_OVERLAP
-
-
-def test_a_claim_without_content_words_decides_nothing() -> None:
-    data = _packed([(0, ["It is so"]), (1, ["Berlin is the capital of Germany"])])
-    assert packed_claims(data, ["Paris is in France", "Berlin is the capital of Germany"]) == {
-        0: ["It is so"],
-        1: ["Berlin is the capital of Germany"],
-    }
+    assert min(shares) >= MIN_GROUNDING
 
 
 # --- what falls back to an extraction of its own --------------------------------------------
@@ -139,11 +131,45 @@ def test_one_foreign_claim_among_honest_ones_drops_the_item() -> None:
     assert packed_claims(data, TRUTHS) == {}
 
 
-def test_a_claim_unlike_every_ground_truth_is_not_taken_for_another_items() -> None:
-    # nothing says it came from another item: the attribution judges it as any wrong claim
-    data = _packed([(0, ["Paris is the capital of France", "Tokyo hosts the Olympics"])])
-    assert packed_claims(data, TRUTHS) == {
-        0: ["Paris is the capital of France", "Tokyo hosts the Olympics"]
+def test_a_judge_that_answers_every_other_index_once_with_an_unrelated_claim_rewrites_none() -> (
+    None
+):
+    # issue 28: each index answered once, with a claim sharing no word with any ground truth
+    moon = ["The moon is made of green cheese"]
+    data = _packed([(0, moon), (1, TRUTHS[1:2]), (2, moon)])
+    assert packed_claims(data, TRUTHS) == {1: TRUTHS[1:2]}
+
+
+@pytest.mark.parametrize(
+    "claims",
+    [
+        ["Paris is the capital of France", "Tokyo hosts the Olympics"],  # unlike its own
+        ["It is so"],  # no content word: nothing ties it to its own ground truth
+        ["The sky is red"],  # short words count too
+        [],  # a ground truth that asserts something, answered with no claim
+        ["Paris is the capital of France", "Paris has 3 million residents"],  # a new number
+    ],
+)
+def test_a_claim_not_grounded_in_its_own_ground_truth_sends_its_item_alone(
+    claims: list[str],
+) -> None:
+    data = _packed([(0, claims), (2, ["The Danube flows through Vienna and Budapest"])])
+    assert packed_claims(data, TRUTHS) == {2: ["The Danube flows through Vienna and Budapest"]}
+
+
+def test_a_claim_closer_to_another_items_ground_truth_sends_its_item_alone() -> None:
+    truths = ["Rome is the capital of Italy.", "Paris is the capital of France."]
+    # half its words are in its own ground truth, all of them in the other one's
+    data = _packed([(0, ["Paris is the capital of France"]), (1, ["Paris is in France"])])
+    assert packed_claims(data, truths) == {1: ["Paris is in France"]}
+
+
+def test_numbers_agree_whatever_their_thousands_separators() -> None:
+    truths = ["The library holds 1,250,000 books.", "The river is 2,850 km long."]
+    data = _packed([(0, ["The library holds 1250000 books"]), (1, ["The river is 2850 km long"])])
+    assert packed_claims(data, truths) == {
+        0: ["The library holds 1250000 books"],
+        1: ["The river is 2850 km long"],
     }
 
 

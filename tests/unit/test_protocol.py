@@ -324,20 +324,24 @@ def test_packed_claims_keep_good_entries_and_drop_the_rest() -> None:
     content = json.dumps(
         {
             "items": [
-                {"index": 0, "claims": [" A. ", "", 7, "B"]},
+                {"index": 0, "claims": [" Ada wrote code. ", "", 7, "Ada was born in 1815"]},
                 {"index": 0, "claims": ["repeated index: both entries of index 0 are dropped"]},
                 {"index": 3, "claims": ["out of range"]},
                 {"index": True, "claims": ["not an index"]},
                 {"index": 1, "claims": "not a list"},
                 "not an object",
-                {"index": 2, "claims": []},
+                {"index": 2, "claims": ["Rome is in Italy"]},
             ]
         }
     )
     data = parse_answer(EXTRACTION_PACKED, content, "stop")
-    assert packed_claims(data, ["A. B", "C", "D"]) == {2: []}
+    truths = ["Ada wrote code. Ada was born in 1815.", "Paris is in France.", "Rome is in Italy."]
+    assert packed_claims(data, truths) == {2: ["Rome is in Italy"]}
     del data["items"][1]  # index 0 answered once: kept, cleaned
-    assert packed_claims(data, ["A. B", "C", "D"]) == {0: ["A.", "B"], 2: []}
+    assert packed_claims(data, truths) == {
+        0: ["Ada wrote code.", "Ada was born in 1815"],
+        2: ["Rome is in Italy"],
+    }
 
 
 def test_a_packed_answer_without_items_is_malformed() -> None:

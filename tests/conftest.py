@@ -12,10 +12,12 @@ os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
 
 TESTS = Path(__file__).resolve().parent
 #: What starts a process from a test: the API, Celery workers, chromium, the CLI.
-_STARTS_A_PROCESS = re.compile(r"\b(start_api|start_worker|subprocess|Popen|chromium)\b")
+_STARTS_A_PROCESS = re.compile(
+    r"\b(start_api|start_worker|run_recallq|recallq_process|subprocess|Popen|chromium)\b"
+)
 _TEST_IMPORT = re.compile(r"^from tests\.([\w.]+) import", re.MULTILINE)
 #: The shared helpers: they define how processes start, and start none by being imported.
-_LIBRARIES = {TESTS / "services.py", TESTS / "stub_llm.py", TESTS / "fakes.py"}
+_LIBRARIES = {TESTS / name for name in ("services.py", "launcher.py", "stub_llm.py", "fakes.py")}
 
 
 @cache
@@ -42,6 +44,17 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if _starts_processes(item.path):
             item.add_marker(pytest.mark.slow)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """When tests that start recallq's processes are to run, the launcher that forks them
+    (tests/launcher.py) starts importing now, alongside the tests that come first."""
+    from tests import launcher
+
+    if session.config.option.collectonly or launcher.SPAWN:
+        return
+    if any(item.get_closest_marker("slow") for item in session.items):
+        launcher.launcher()
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 
 The stack: the session's Postgres test database, a Redis database of the session's own
 redis-server, the API with keys required, one Celery worker and the stub LLM as the judge, so
-runs are scored for real. Keys are made with `recallq keys create` for two projects. The
+runs are scored for real. Keys for two projects are made as `recallq keys create` makes them. The
 runs every test reads are submitted and scored once here; tests that change a run (cancel,
 retry) submit their own.
 

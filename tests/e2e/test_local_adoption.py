@@ -21,6 +21,7 @@ import pytest
 from recallq.cli import main
 from recallq.cli.local_runs import INTERRUPT_GRACE_SECONDS
 from recallq.runs import RunService
+from tests.launcher import run_recallq
 from tests.services import REPO, write_models_file
 
 DATA = REPO / "tests" / "data"
@@ -35,14 +36,7 @@ def recallq(
     *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     """The command in a clean environment: no RECALLQ_* from the developer's shell."""
-    return subprocess.run(
-        [sys.executable, "-m", "recallq.cli", *args],
-        cwd=cwd,
-        env=_env(env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_recallq(args, cwd=cwd, env=_env(env), timeout=timeout)
 
 
 def _env(extra: dict[str, str] | None) -> dict[str, str]:

@@ -53,7 +53,6 @@ TIMING_SENSITIVE = {
     "integration/test_limits.py",
     "integration/test_extraction_budget.py",
     "integration/test_ratelimit_and_gate.py",
-    "e2e/test_local_adoption.py",
 }
 #: Groups that start first, longest first (tests/README.md has their minutes): one of them
 #: started last would leave the other worker idle at the end.

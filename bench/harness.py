@@ -14,6 +14,7 @@ from typing import Any
 import httpx
 import psutil
 
+from tests import launcher
 from tests.services import (
     Process,
     migrated_database,
@@ -26,6 +27,9 @@ from tests.services import (
 from tests.stub_llm import StubServer
 
 MODEL = "stub-judge"
+# Benchmarks measure the processes' CPU and memory: each a new interpreter, as users start
+# them, not a fork of the tests' launcher (which shares its imports, litellm's included).
+launcher.SPAWN = True
 
 
 @contextmanager

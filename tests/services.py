@@ -17,7 +17,6 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import tempfile
 import time
 import uuid
@@ -29,6 +28,8 @@ from typing import Any
 import httpx
 import psycopg
 import redis
+
+from tests.launcher import recallq_process
 
 REPO = Path(__file__).resolve().parent.parent
 PG_ADMIN_URL = os.environ.get("RECALLQ_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -204,18 +205,14 @@ def write_models_file(directory: Path, stub_base_url: str, **limits: int) -> Pat
 
 
 class Process:
-    """A recallq subprocess with its output in a log file."""
+    """A recallq process (`python -m recallq.cli ARGS`, tests.launcher forks it) in a session
+    of its own, with its output in a log file."""
 
     def __init__(self, args: list[str], env: dict[str, str], name: str) -> None:
         self.log_path = Path(tempfile.mkstemp(prefix=f"recallq-{name}-", suffix=".log")[1])
         self._log = self.log_path.open("wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "recallq.cli", *args],
-            env=env,
-            cwd=REPO,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
+        self.proc = recallq_process(
+            args, env=env, cwd=REPO, stdout=self._log, stderr=subprocess.STDOUT
         )
 
     def output(self) -> str:

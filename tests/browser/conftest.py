@@ -2,7 +2,7 @@
 
 The stack: the session's Postgres test database, a Redis database of the session's own
 redis-server, the API with keys required, one Celery worker and the stub LLM as the judge, so
-runs are scored for real. Keys are made with `recallq keys create` for two projects. The
+runs are scored for real. Keys for two projects are made as `recallq keys create` makes them. The
 runs every test reads are submitted and scored once here; tests that change a run (cancel,
 retry) submit their own.
 
@@ -95,7 +95,16 @@ class Stack:
 
 
 @pytest.fixture(scope="package")
-def stack(browser, pg_database: str, stub, tmp_path_factory) -> Iterator[Stack]:
+def browser_database() -> Iterator[str]:
+    """The stack's database, for every browser test (tests/conftest.py's is per module)."""
+    from tests.services import migrated_database
+
+    with migrated_database() as url:
+        yield url
+
+
+@pytest.fixture(scope="package")
+def stack(browser, browser_database: str, stub, tmp_path_factory) -> Iterator[Stack]:
     """The stack, started once the browser is known to be there (else every test skips)."""
     from tests.services import write_models_file
 
@@ -105,7 +114,7 @@ def stack(browser, pg_database: str, stub, tmp_path_factory) -> Iterator[Stack]:
     env = secured_env(
         {
             **os.environ,
-            "RECALLQ_DATABASE_URL": pg_database,
+            "RECALLQ_DATABASE_URL": browser_database,
             "RECALLQ_REDIS_URL": redis_database(10),
             "RECALLQ_MODELS_FILE": str(write_models_file(directory, stub.base_url)),
             "STUB_API_KEY": "sk-stub-secret",

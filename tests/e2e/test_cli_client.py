@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from tests.launcher import run_recallq
 from tests.services import REPO, start_api, start_worker
 
 
@@ -30,14 +31,7 @@ def api_url(service_env: dict[str, str]) -> Iterator[str]:
 def recallq(*args: str, api: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLQ_")}
     env["RECALLQ_API_URL"] = api
-    return subprocess.run(
-        [sys.executable, "-m", "recallq.cli", *args],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_recallq(args, env=env, cwd=REPO)
 
 
 def test_submit_wait_status_and_results(api_url: str, tmp_path: Path) -> None:

@@ -8,11 +8,11 @@ import json
 import os
 import sqlite3
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.launcher import run_recallq
 from tests.services import REPO
 
 COLUMNS = [
@@ -29,14 +29,7 @@ COLUMNS = [
 
 def _recallq(cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLQ_")}
-    return subprocess.run(
-        [sys.executable, "-m", "recallq.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_recallq(args, cwd=cwd, env=env, timeout=300)
 
 
 @pytest.fixture(scope="module")

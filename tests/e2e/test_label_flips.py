@@ -16,13 +16,13 @@ import math
 import os
 import random
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.launcher import run_recallq
 from tests.services import write_models_file
 from tests.stub_llm import attribute, split_claims
 
@@ -81,15 +81,7 @@ def env(tmp_path: Path, flipping_stub: Any) -> dict[str, str]:
 
 
 def _recallq(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    done = subprocess.run(
-        [sys.executable, "-m", "recallq.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    return done
+    return run_recallq(args, cwd=cwd, env=env, timeout=900)
 
 
 def _scored(env: dict[str, str], cwd: Path, items: list[dict[str, Any]], name: str) -> str:

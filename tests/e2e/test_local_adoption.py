@@ -21,6 +21,7 @@ import pytest
 from recallq.cli import main
 from recallq.cli.local_runs import INTERRUPT_GRACE_SECONDS
 from recallq.runs.service import RunService
+from tests.launcher import PIPE, recallq_process, run_recallq
 from tests.services import REPO, write_models_file
 
 DATA = REPO / "tests" / "data"
@@ -35,14 +36,7 @@ def recallq(
     *args: str, cwd: Path, env: dict[str, str] | None = None, timeout: float = 300
 ) -> subprocess.CompletedProcess[str]:
     """The command in a clean environment: no RECALLQ_* from the developer's shell."""
-    return subprocess.run(
-        [sys.executable, "-m", "recallq.cli", *args],
-        cwd=cwd,
-        env=_env(env),
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    return run_recallq(args, cwd=cwd, env=_env(env), timeout=timeout)
 
 
 def _env(extra: dict[str, str] | None) -> dict[str, str]:
@@ -249,6 +243,7 @@ def _wait_for(predicate, timeout: float = 60) -> None:
         time.sleep(0.05)
 
 
+@pytest.mark.alone  # the installed script's start-up and Ctrl-C, timed
 def test_ctrl_c_during_start_up_says_how_to_resume(tmp_path: Path, stub_env, clean_stub) -> None:
     items = [
         {"id": f"s{n}", "ground_truth": truth, "context": [truth]}
@@ -326,6 +321,7 @@ def test_the_first_run_says_what_its_judge_is_and_where_results_are(tmp_path: Pa
     assert " scored, " not in again.stderr and "item/s" not in again.stderr, again.stderr
 
 
+@pytest.mark.alone  # the installed script's start-up and Ctrl-C, timed
 def test_ctrl_c_then_the_same_command_resumes_without_paying_twice(
     tmp_path: Path,
     stub_env,
@@ -420,6 +416,7 @@ def test_ctrl_c_then_the_same_command_resumes_without_paying_twice(
     assert extractions == unscored - (len(with_claims) - len(scored_before))
 
 
+@pytest.mark.alone  # the installed script's start-up and Ctrl-C, timed
 def test_a_second_ctrl_c_abandons_calls_in_flight_and_resume_sends_them_again(
     tmp_path: Path,
     stub_env,
@@ -613,14 +610,9 @@ def test_a_local_run_cancelled_from_another_shell_resumes_where_it_stopped(
         {"id": f"q{i}", "ground_truth": f"Fact {i}.", "context": [f"Fact {i}."]} for i in range(30)
     ]
     data = _jsonl(tmp_path / "slow.jsonl", items)
-    args = [sys.executable, "-m", "recallq.cli", "run", str(data), "--model", "stub-judge"]
-    running = subprocess.Popen(
-        [*args, "--quiet", "--concurrency", "2"],
-        cwd=tmp_path,
-        env=_env(stub_env),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
+    args = ["run", str(data), "--model", "stub-judge", "--quiet", "--concurrency", "2"]
+    running = recallq_process(
+        args, cwd=tmp_path, env=_env(stub_env), stdout=PIPE, stderr=PIPE, text=True
     )
     try:
         db = tmp_path / "local.db"

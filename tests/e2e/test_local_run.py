@@ -5,12 +5,11 @@ from __future__ import annotations
 import csv
 import json
 import os
-import subprocess
-import sys
 from collections import Counter
 from pathlib import Path
 
 from tests.integration.test_pipeline import ITEMS
+from tests.launcher import run_recallq
 from tests.services import REPO, free_port, write_models_file
 
 
@@ -18,14 +17,7 @@ def recallq_run(args: list[str], cwd: Path, env: dict[str, str] | None = None):
     env = {k: v for k, v in (env or os.environ).items() if not k.startswith("RECALLQ_")} | {
         k: v for k, v in (env or {}).items() if k.startswith("RECALLQ_")
     }
-    return subprocess.run(
-        [sys.executable, "-m", "recallq.cli", "run", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_recallq(["run", *args], cwd=cwd, env=env, timeout=300)
 
 
 def test_example_runs_offline_with_a_summary(tmp_path: Path) -> None:

@@ -17,6 +17,7 @@ import pytest
 
 import recallq
 from recallq.runs.ingest import SubmissionError
+from tests.launcher import run_recallq
 from tests.services import REPO
 
 DATA = REPO / "tests" / "data"
@@ -57,14 +58,7 @@ print("ok", result.run_id)
     assert done.stdout.startswith("ok ")
     # stored where `recallq run` stores runs, so the CLI sees them
     run_id = done.stdout.split()[1]
-    listed = subprocess.run(
-        [sys.executable, "-m", "recallq.cli", "runs", "--json"],
-        cwd=tmp_path,
-        env=_clean_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    listed = run_recallq(["runs", "--json"], cwd=tmp_path, env=_clean_env(), timeout=60)
     assert [run["id"] for run in json.loads(listed.stdout)] == [run_id]
 
 
@@ -223,14 +217,7 @@ def test_evaluate_again_returns_the_finished_run_as_the_cli_does(
         "STUB_API_KEY": "sk-stub-secret",
         "RECALLQ_MODELS_FILE": str(tmp_path / "models.yaml"),
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "recallq.cli", "run", str(path), "--model", "stub-judge"],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_recallq(["run", str(path), "--model", "stub-judge"], cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
     assert f"this file was scored already in run {of_file.run_id}" in done.stderr
 
@@ -304,12 +291,6 @@ def test_the_client_sends_its_bearer_key(recorder: str, monkeypatch: pytest.Monk
         {"path": "/v1/runs/r1", "authorization": None},
     ]
     env = {**_clean_env(), "RECALLQ_API_URL": recorder, "RECALLQ_API_KEY": "rq-cli"}
-    done = subprocess.run(
-        [sys.executable, "-m", "recallq.cli", "gate", "r1", "--min-score", "0.5"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    done = run_recallq(["gate", "r1", "--min-score", "0.5"], env=env, timeout=60)
     assert done.returncode == 0, done.stderr
     assert _Recorder.seen[-1] == {"path": "/v1/runs/r1", "authorization": "Bearer rq-cli"}

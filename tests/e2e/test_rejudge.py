@@ -7,22 +7,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
+from tests.launcher import run_recallq
 from tests.services import REPO, write_models_file
 
 
 def _recallq(env: dict[str, str], cwd: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "recallq.cli", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    return run_recallq(args, cwd=cwd, env=env, timeout=300)
 
 
 def test_rejudge_attributes_the_same_claims_with_another_model(

@@ -1,11 +1,11 @@
-"""An API that requires keys, and keys made the way an operator makes them (`recallq keys`)."""
+"""An API that requires keys, and keys for it: made in this process by the key store that
+`recallq keys create` uses (the tests of that command make theirs with it: cli_key)."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -13,6 +13,9 @@ from typing import Any
 
 import httpx
 
+from recallq.state.apikeys import KeyStore
+from recallq.state.db import Database
+from tests.launcher import run_recallq
 from tests.services import REPO, start_api, start_worker
 
 
@@ -24,17 +27,21 @@ def secured_env(service_env: dict[str, str], **settings: Any) -> dict[str, str]:
 
 
 def recallq(env: dict[str, str], *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "recallq.cli", *args],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    """`recallq ARGS` run to its end (tests.launcher forks it)."""
+    return run_recallq(args, env=env, cwd=REPO, timeout=timeout)
 
 
 def make_key(env: dict[str, str], project: str, role: str, label: str = "test") -> str:
+    """A new key in the database of `env`, as `recallq keys create` makes it."""
+    database = Database(env["RECALLQ_DATABASE_URL"])
+    try:
+        _, key = KeyStore(database).create(project, role, label)
+    finally:
+        database.dispose()
+    return key
+
+
+def cli_key(env: dict[str, str], project: str, role: str, label: str = "test") -> str:
     """A new key from `recallq keys create` (printed once, on stdout)."""
     done = recallq(env, "keys", "create", "--project", project, "--role", role, "--label", label)
     assert done.returncode == 0, done.stderr

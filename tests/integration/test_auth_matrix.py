@@ -17,6 +17,7 @@ import pytest
 
 from tests.integration.secured import (
     bearer,
+    cli_key,
     error_of,
     items,
     key_id_of,
@@ -40,7 +41,7 @@ def keys(env: dict[str, str]) -> dict[str, str | None]:
     made: dict[str, str | None] = {
         "read": make_key(env, "alpha", "read"),
         "write": make_key(env, "alpha", "write"),
-        "admin": make_key(env, "alpha", "admin"),
+        "admin": cli_key(env, "alpha", "admin"),  # `recallq keys create`, as operators do
         "other": make_key(env, "beta", "admin"),
         "revoked": make_key(env, "alpha", "admin", label="to-revoke"),
     }

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from tests.integration.faults import make_items, wait_until
+from tests.launcher import run_recallq
 from tests.services import (
     REPO,
     Process,
@@ -279,14 +279,7 @@ def test_batch_mode_needs_a_model_marked_batch(api: str) -> None:
 
 
 def cli(*args: str, api: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "recallq.cli", *args],
-        env={**os.environ, "RECALLQ_API_URL": api},
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    return run_recallq(args, env={**os.environ, "RECALLQ_API_URL": api}, cwd=REPO, timeout=180)
 
 
 def test_the_cli_submits_a_batch_run_and_local_mode_refuses_one(

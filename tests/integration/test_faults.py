@@ -98,6 +98,7 @@ def test_429s_and_500s_are_retried_within_the_bound(api, workers, fault_env, cle
         by_request[key] = call
 
 
+@pytest.mark.alone  # the rate within 10% and 2% of the limit
 def test_two_workers_share_one_rate_limit(api, workers, fault_env, clean_stub, tmp_path) -> None:
     limit = 300
     env = {

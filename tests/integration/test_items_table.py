@@ -5,8 +5,6 @@ text filter looks through a bounded number of items per page and says where it s
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,6 +14,7 @@ from sqlalchemy import select
 from recallq.runs import item_views
 from recallq.state.db import Database
 from recallq.state.tables import Run
+from tests.launcher import run_recallq
 from tests.services import REPO
 
 FACTS = ["Paris is in France.", "The Seine is a river.", "Lyon has old streets."]
@@ -39,14 +38,7 @@ def scored(pg_database: str, tmp_path_factory: pytest.TempPathFactory) -> Iterat
     data = tmp_path_factory.mktemp("items-table") / "items.jsonl"
     data.write_text("".join(json.dumps(item) + "\n" for item in _items()))
     env = {"RECALLQ_DATABASE_URL": pg_database, "PATH": "/usr/bin:/bin"}
-    done = subprocess.run(
-        [sys.executable, "-m", "recallq.cli", "run", str(data), "--name", "items-table"],
-        env=env,
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = run_recallq(["run", str(data), "--name", "items-table"], env=env, cwd=REPO)
     assert done.returncode == 0, done.stderr
     database = Database(pg_database)
     with database.session() as session:

@@ -4,14 +4,13 @@ only), and what it never shows (a key, an item's text, an id)."""
 from __future__ import annotations
 
 import socket
-import subprocess
-import sys
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
 from tests.integration.faults import make_items, submit
+from tests.launcher import run_recallq
 from tests.services import REPO, start_api
 
 TOKEN = "mt-0123456789abcdef"
@@ -105,13 +104,8 @@ def test_a_worker_metrics_port_in_use_is_one_line_and_exit_2(service_env: dict[s
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        result = subprocess.run(
-            [sys.executable, "-m", "recallq.cli", "worker", "--metrics-port", str(port)],
-            env=service_env,
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=120,
+        result = run_recallq(
+            ["worker", "--metrics-port", str(port)], env=service_env, cwd=REPO, timeout=120
         )
     assert result.returncode == 2, result.stderr
     assert result.stderr.strip() == (

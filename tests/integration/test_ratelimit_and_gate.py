@@ -13,6 +13,8 @@ from recallq.coordination.ratelimit import RedisRateLimiter
 from recallq.core.errors import RateLimited
 from tests.services import redis_database
 
+pytestmark = pytest.mark.alone  # spacing asserted to 10 ms
+
 
 @pytest.fixture()
 def client() -> redis.Redis:

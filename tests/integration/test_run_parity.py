@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +22,7 @@ import pytest
 
 import recallq
 from recallq.runs.ingest import SubmissionError
+from tests.launcher import run_recallq
 from tests.services import Process, start_api, start_worker, wait_for_run
 
 ONE_PASSAGE = {"RECALLQ_MAX_CONTEXT_PASSAGES": "1"}
@@ -176,14 +175,7 @@ def _local(case: Case, env: dict[str, str], directory: Path) -> Outcome:
         **case.settings,
         "RECALLQ_DATABASE_URL": f"sqlite:///{directory / 'local.db'}",
     }
-    done = subprocess.run(
-        [sys.executable, "-m", "recallq.cli", *args],
-        env=local_env,
-        cwd=directory,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    done = run_recallq(args, env=local_env, cwd=directory, timeout=300)
     if done.returncode == 0:
         rows = [json.loads(line) for line in out.read_text().splitlines() if line.strip()]
         return Outcome(scores={row["id"]: row["score"] for row in rows})

@@ -17,6 +17,8 @@ import pytest
 from tests.integration.secured import bearer, make_key, secured_env
 from tests.services import start_api
 
+pytestmark = pytest.mark.alone  # reads answered within 1 s, the API idle
+
 STALLED = 60
 ITEMS = 20_000  # about 4 MB of results: far more than socket buffers hold
 

@@ -13,6 +13,7 @@ from sqlalchemy import create_engine, inspect
 
 from recallq.state import migrate
 from recallq.state.tables import Base
+from tests.launcher import run_recallq
 from tests.services import PostgresDatabase
 
 TABLES = {
@@ -95,17 +96,10 @@ def test_recallq_migrate_says_created_then_up_to_date_and_hides_the_password(
 ) -> None:
     import os
     import subprocess
-    import sys
 
     def recallq_migrate(url: str) -> subprocess.CompletedProcess[str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("RECALLQ_")}
-        return subprocess.run(
-            [sys.executable, "-m", "recallq.cli", "migrate"],
-            env={**env, "RECALLQ_DATABASE_URL": url},
-            capture_output=True,
-            text=True,
-            timeout=120,
-        )
+        return run_recallq(["migrate"], env={**env, "RECALLQ_DATABASE_URL": url})
 
     url = f"sqlite:///{tmp_path / 'm.db'}"
     head = ScriptDirectory.from_config(migrate.alembic_config()).get_current_head()

@@ -519,7 +519,9 @@ def test_same_ids_in_different_runs_are_fine(db) -> None:
 
 
 @pytest.mark.parametrize(
-    "items", [[], iter(()), parse_ndjson_lines(["", "\n"], MAX_ITEM)], ids=repr
+    "items",
+    [[], iter(()), parse_ndjson_lines(["", "\n"], MAX_ITEM)],
+    ids=["list", "iterator", "ndjson-lines"],  # the same in every xdist worker
 )
 def test_empty_run_is_rejected(db, items) -> None:
     error = rejected(db, spec(context=["s"]), items)

@@ -14,9 +14,10 @@ ENV PYTHONUNBUFFERED=1 \
 
 WORKDIR /src
 
-# Dependencies first, in their own layer, so code changes don't reinstall them.
+# Dependencies first, in their own layer, so code changes don't reinstall them: recallq's own
+# and those of its `service` extra (the API, the workers, Postgres, Redis) and `llm` extra.
 COPY pyproject.toml ./
-RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['dependencies']))" > /tmp/requirements.txt \
+RUN python -c "import tomllib; p = tomllib.load(open('pyproject.toml', 'rb'))['project']; extras = p['optional-dependencies']; print('\n'.join(d for d in p['dependencies'] + extras['service'] + extras['llm'] if not d.startswith('recallq')))" > /tmp/requirements.txt \
     && pip install -r /tmp/requirements.txt \
     && rm /tmp/requirements.txt
 

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Any
 
-from bench import bounds, harness, keda, metrics, pages, processes, scrape, streams
+from bench import bounds, harness, keda, metrics, pages, processes, scrape, startup, streams
 
 Row = tuple[str, ...]
 
@@ -215,12 +215,13 @@ def main() -> None:
     parser.add_argument("--keda-ended-items", type=int, default=1_000_000, help="keda: ended")
     parser.add_argument("--keda-active-items", type=int, default=200_000, help="keda: biggest")
     sections = ["throughput", "cpu", "limit", "ragas", "cache", "big", "pages", "scrape", "streams"]
-    sections += ["bounds", "keda", "processes"]
+    sections += ["bounds", "keda", "processes", "startup"]
     parser.add_argument("--sections", nargs="+", default=sections, choices=sections)
     parser.add_argument("--big-latency-ms", type=float, default=20)
     parser.add_argument("--big-concurrency", type=int, default=16)
     parser.add_argument("--processes-items", type=int, default=1000, help="items, processes")
     parser.add_argument("--processes-latency-ms", type=float, default=20)
+    startup.add_arguments(parser)
     args = parser.parse_args()
 
     if "throughput" in args.sections:
@@ -245,6 +246,12 @@ def main() -> None:
         print_table("in-process bounds (the unit tests' former clock targets)", bounds.rows())
     if "scrape" in args.sections:
         scrape_table(args)
+    if "startup" in args.sections:
+        print_table(
+            f"Start-up (issue 25): medians of {args.startup_runs} runs, the `recallq` script in a "
+            "new directory; CPU is the process's own",
+            startup.rows(args),
+        )
     if "processes" in args.sections:
         print_table(
             f"`recallq worker --processes 2` vs two commands: {args.processes_items} items, stub "

@@ -92,10 +92,6 @@ def evaluate(
         if opened.how == "finished":
             progress = False
         try:
-            if model != LEXICAL:
-                from recallq import patches
-
-                patches.prepare_litellm()
             view = local.process(runtime, runner, run_id, progress=progress)
         except KeyboardInterrupt:
             print(

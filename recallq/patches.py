@@ -29,6 +29,8 @@ from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
+from recallq import extras
+
 _lock = threading.Lock()
 #: Model names litellm has no price for (local servers, the test stub): pricing them is skipped.
 _unpriced: set[str] = set()
@@ -58,8 +60,10 @@ def mark_priced(*names: str) -> None:
 
 
 def prepare_litellm() -> None:
-    """Import litellm offline, set its globals for recallq, and patch it. Idempotent."""
+    """Import litellm offline, set its globals for recallq, and patch it. Idempotent. Without
+    litellm (installed by the `llm` extra), MissingExtra says how to install it."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
+    extras.require("litellm", "an LLM judge")
     import litellm
 
     with _lock:

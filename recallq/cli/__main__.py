@@ -1,7 +1,5 @@
 """`python -m recallq.cli`, as the `recallq` command."""
 
-import sys
+from recallq.cli import script
 
-from recallq.cli import main
-
-sys.exit(main())
+script()

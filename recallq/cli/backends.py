@@ -1,7 +1,8 @@
 """Where the CLI's client commands find runs: the API (`--api URL` or RECALLQ_API_URL, with
 RECALLQ_API_KEY as its bearer key), or else the local database (RECALLQ_DATABASE_URL, by
 default the SQLite file `recallq run` writes), so runs scored locally can be listed,
-compared and gated the same way."""
+compared and gated the same way. What only one of them or one command needs (the HTTP
+client, the run service, exports) is imported where it is used."""
 
 from __future__ import annotations
 
@@ -9,22 +10,21 @@ import argparse
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import quote
 
-from recallq.client import Client
-from recallq.core import export
 from recallq.core.exits import CommandError
 from recallq.core.groups import UnknownField
-from recallq.labels.service import LabelService
 from recallq.labels.store import LabelError
 from recallq.runs import comparisons, local
 from recallq.runs.reads import RunReads
-from recallq.runs.service import RunService
 from recallq.settings import Settings
 from recallq.state.db import Database, is_sqlite
 from recallq.state.runs import RunNotFound
 from recallq.viewer.text import database_label
+
+if TYPE_CHECKING:
+    from recallq.client import Client
 
 DEFAULT_API_URL = "http://127.0.0.1:8000"
 PROJECT = local.PROJECT
@@ -112,6 +112,8 @@ class LocalBackend:
             return self.reads.view(run_id, PROJECT, by=by)
 
     def results(self, run_id: str, format: str, item_data: bool) -> Iterator[bytes]:
+        from recallq.core import export
+
         with self._answering():
             self.reads.run(run_id, PROJECT)
         after: int | None = None
@@ -136,6 +138,8 @@ class LocalBackend:
         return found
 
     def cancel(self, run_id: str) -> dict[str, Any]:
+        from recallq.runs.service import RunService
+
         with self._answering():
             self.reads.run(run_id, PROJECT)
         runtime, runner = local.local_runtime(self.settings, 1)
@@ -146,27 +150,13 @@ class LocalBackend:
             runtime.close()
 
     def agreement(self, run_id: str) -> dict[str, Any]:
+        from recallq.labels.service import LabelService
+
         with self._answering():
             return LabelService(self.database).agreement(run_id, PROJECT)
 
     def close(self) -> None:
         self.database.dispose()
-
-
-def add_api_option(parser: argparse.ArgumentParser, local: bool = True) -> None:
-    """--api URL, and (for commands that can read the local database) --local."""
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument(
-        "--api",
-        metavar="URL",
-        help="the API to ask (default RECALLQ_API_URL; without either, the local database)",
-    )
-    if local:
-        where.add_argument(
-            "--local",
-            action="store_true",
-            help="read the local database, even when RECALLQ_API_URL is set",
-        )
 
 
 def api_url(args: argparse.Namespace, settings: Settings) -> str | None:
@@ -183,7 +173,13 @@ def open_backend(args: argparse.Namespace) -> Iterator[Backend]:
     """The API or the local database, closed when the command is done with it."""
     settings: Settings = args.settings
     url = api_url(args, settings)
-    backend: Backend = ApiBackend(Client(url, settings.api_key)) if url else LocalBackend(settings)
+    backend: Backend
+    if url:
+        from recallq.client import Client
+
+        backend = ApiBackend(Client(url, settings.api_key))
+    else:
+        backend = LocalBackend(settings)
     try:
         yield backend
     finally:

@@ -18,19 +18,18 @@ import io
 import json
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from recallq.cli import local_runs
-from recallq.cli.backends import add_api_option, api_url, open_backend, open_local_database
+from recallq.cli.backends import api_url, open_backend, open_local_database
 from recallq.cli.output import print_json, print_run
 from recallq.client import Client
 from recallq.core import gates
 from recallq.core.exits import CommandError, Exit
 from recallq.labels import files
-from recallq.labels import store as labels
 from recallq.labels.service import LabelService
 from recallq.labels.store import LabelError
 from recallq.state.runs import RunNotFound
@@ -40,71 +39,6 @@ if TYPE_CHECKING:
     from recallq.state.db import Database
 
 PROJECT = "default"  # the local database's one project
-
-
-def add_commands(sub: Any) -> None:
-    """Add `label` and `agreement` to the `recallq` subcommands, and `--corrected` to `gate`
-    (which must be there already)."""
-    label = sub.add_parser("label", help="sample claims to label by hand, or import labels")
-    label.add_argument("run_id")
-    action = label.add_mutually_exclusive_group(required=True)
-    action.add_argument("--sample", type=_size, metavar="N", help="draw N items at random")
-    action.add_argument("--import", dest="import_file", type=Path, metavar="FILE",
-                        help="a labels file (CSV or JSONL) to store")  # fmt: skip
-    label.add_argument("--seed", type=_seed, default=0, help="of the sample (default 0)")
-    label.add_argument("--out", type=Path, help="the CSV to fill in (with --sample)")
-    add_api_option(label)
-    label.set_defaults(func=cmd_label)
-
-    agreement = sub.add_parser("agreement", help="how far the judge agrees with the labels")
-    agreement.add_argument("run_id")
-    agreement.add_argument("--by", metavar="FIELD", help="also per value of this metadata field")
-    agreement.add_argument(
-        "--against", metavar="RUN", help="another run of the same claims: judge vs judge"
-    )
-    agreement.add_argument("--json", action="store_true", help="the agreement as JSON")
-    add_api_option(agreement)
-    agreement.set_defaults(func=cmd_agreement)
-
-    rejudge = sub.add_parser(
-        "rejudge", help="attribute a run's claims again (another model, or the same)"
-    )
-    rejudge.add_argument("run_id")
-    rejudge.add_argument("--model", help="the judge of the new run (default: the run's own)")
-    rejudge.add_argument("--concurrency", type=int, help="judge calls in flight (threads)")
-    rejudge.add_argument("--quiet", action="store_true", help="no progress bar")
-    add_api_option(rejudge)
-    rejudge.set_defaults(func=cmd_rejudge)
-
-    gate = sub.choices["gate"]
-    gate.add_argument(
-        "--corrected",
-        action="store_true",
-        help="gate on the lower bound of the mean corrected by human labels of a random sample",
-    )
-    gate.set_defaults(func=_corrected_gate(gate.get_default("func")))
-
-
-def _seed(text: str) -> int:
-    digits = len(str(labels.MAX_SEED))
-    if (
-        not (text.isascii() and text.isdigit() and len(text) <= digits)
-        or int(text) > labels.MAX_SEED
-    ):
-        raise argparse.ArgumentTypeError(
-            f"must be a whole number from 0 to {labels.MAX_SEED}: {text!r}"
-        )
-    return int(text)
-
-
-def _size(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 1 <= value <= labels.MAX_SAMPLE:
-        raise argparse.ArgumentTypeError(f"must be 1 to {labels.MAX_SAMPLE}")
-    return value
 
 
 class LabelBackend(Protocol):
@@ -317,14 +251,14 @@ def describe(body: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _corrected_gate(plain: Callable[[argparse.Namespace], int]) -> Callable[..., int]:
-    def gate(args: argparse.Namespace) -> int:
-        if not getattr(args, "corrected", False):
-            return plain(args)
+def cmd_gate(args: argparse.Namespace) -> int:
+    """`recallq gate RUN`: with --corrected on the corrected mean (corrected_gate), else on
+    the run's own figures (recallq.cli.run_commands.gate)."""
+    if args.corrected:
         return corrected_gate(args)
+    from recallq.cli import run_commands
 
-    gate.__name__ = "cmd_gate"
-    return gate
+    return run_commands.gate(args)
 
 
 def corrected_gate(args: argparse.Namespace) -> int:

@@ -23,7 +23,6 @@ from recallq.core.groups import UnknownField
 from recallq.core.status import RUN_ENDED, PublicItemStatus
 from recallq.execution.local_queue import LocalRunner
 from recallq.execution.runtime import Runtime
-from recallq.judge.models import LEXICAL
 from recallq.runs import dataset, local
 from recallq.runs import service as runs
 from recallq.runs.ingest import SubmissionError
@@ -148,10 +147,6 @@ def run(args: argparse.Namespace) -> int:
                     "(--fresh scores it again)",
                     file=sys.stderr,
                 )
-            if model != LEXICAL:
-                from recallq import patches  # here: it imports litellm (~6 s), for LLM judges
-
-                patches.prepare_litellm()
         except KeyboardInterrupt:  # the run is stored: say how to go on
             return _interrupted(runtime, runner, opened.run_id, argv)
         return _score(
@@ -206,13 +201,6 @@ def continue_run(args: argparse.Namespace, settings: Settings, action: str) -> i
         except RunConflict as exc:
             raise CommandError(exc.message) from None
         print(f"recallq: {action} run {args.run_id}: {what}", file=sys.stderr)
-        try:
-            if model != LEXICAL:
-                from recallq import patches  # here: it imports litellm (~6 s), for LLM judges
-
-                patches.prepare_litellm()
-        except KeyboardInterrupt:
-            return _interrupted(runtime, runner, args.run_id, None)
         return _score(runtime, runner, args.run_id, args, resume_argv=None, progress=not args.quiet)
     finally:
         runner.stop(wait=False)

@@ -1,5 +1,8 @@
 """The `recallq` command line: its parser, each subcommand bound to the function that runs it
-(in recallq.cli.local_runs, run_commands, keys and services)."""
+(in recallq.cli.local_runs, run_commands, labels, keys and services).
+
+Building the parser imports none of them: `recallq --help` loads this module and argparse,
+and a command loads only its own module (tests/e2e/test_startup.py keeps it so)."""
 
 from __future__ import annotations
 
@@ -10,8 +13,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from recallq.cli import label_commands as labels
-from recallq.cli.backends import add_api_option
 from recallq.cli.reports import MAX_REPORT_LOWEST, REPORT_LOWEST
 from recallq.core.status import RunStatus
 
@@ -57,6 +58,43 @@ def _report_size(text: str) -> int:
     if not 1 <= value <= MAX_REPORT_LOWEST:
         raise argparse.ArgumentTypeError(f"must be 1 to {MAX_REPORT_LOWEST}")
     return value
+
+
+def _label_seed(text: str) -> int:
+    from recallq.labels.store import MAX_SEED  # here: the labels' rules load with their command
+
+    digits = len(str(MAX_SEED))
+    if not (text.isascii() and text.isdigit() and len(text) <= digits) or int(text) > MAX_SEED:
+        raise argparse.ArgumentTypeError(f"must be a whole number from 0 to {MAX_SEED}: {text!r}")
+    return int(text)
+
+
+def _label_sample_size(text: str) -> int:
+    from recallq.labels.store import MAX_SAMPLE
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= value <= MAX_SAMPLE:
+        raise argparse.ArgumentTypeError(f"must be 1 to {MAX_SAMPLE}")
+    return value
+
+
+def add_api_option(parser: argparse.ArgumentParser, local: bool = True) -> None:
+    """--api URL, and (for commands that can read the local database) --local."""
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument(
+        "--api",
+        metavar="URL",
+        help="the API to ask (default RECALLQ_API_URL; without either, the local database)",
+    )
+    if local:
+        where.add_argument(
+            "--local",
+            action="store_true",
+            help="read the local database, even when RECALLQ_API_URL is set",
+        )
 
 
 def _add_run_fields(parser: argparse.ArgumentParser) -> None:
@@ -260,7 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("run_id")
     add_api_option(gate)
     _add_gate(gate)
-    gate.set_defaults(func=_command("run_commands", "gate"))
+    gate.add_argument(
+        "--corrected",
+        action="store_true",
+        help="gate on the lower bound of the mean corrected by human labels of a random sample",
+    )
+    gate.set_defaults(func=_command("label_commands", "cmd_gate"))
 
     for name, helptext in (
         ("cancel", "cancel a run"),
@@ -311,5 +354,41 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("--context-extractor", type=_json_argument, help="JSON extractor spec")
     estimate.add_argument("--json", action="store_true", help="print the estimate as JSON")
     estimate.set_defaults(func=_command("run_commands", "estimate"))
-    labels.add_commands(sub)  # label, agreement, rejudge, gate --corrected
+    _add_label_commands(sub)
     return parser
+
+
+def _add_label_commands(sub: Any) -> None:
+    """`label`, `agreement` and `rejudge` (recallq.cli.label_commands)."""
+    label = sub.add_parser("label", help="sample claims to label by hand, or import labels")
+    label.add_argument("run_id")
+    action = label.add_mutually_exclusive_group(required=True)
+    action.add_argument(
+        "--sample", type=_label_sample_size, metavar="N", help="draw N items at random"
+    )
+    action.add_argument("--import", dest="import_file", type=Path, metavar="FILE",
+                        help="a labels file (CSV or JSONL) to store")  # fmt: skip
+    label.add_argument("--seed", type=_label_seed, default=0, help="of the sample (default 0)")
+    label.add_argument("--out", type=Path, help="the CSV to fill in (with --sample)")
+    add_api_option(label)
+    label.set_defaults(func=_command("label_commands", "cmd_label"))
+
+    agreement = sub.add_parser("agreement", help="how far the judge agrees with the labels")
+    agreement.add_argument("run_id")
+    agreement.add_argument("--by", metavar="FIELD", help="also per value of this metadata field")
+    agreement.add_argument(
+        "--against", metavar="RUN", help="another run of the same claims: judge vs judge"
+    )
+    agreement.add_argument("--json", action="store_true", help="the agreement as JSON")
+    add_api_option(agreement)
+    agreement.set_defaults(func=_command("label_commands", "cmd_agreement"))
+
+    rejudge = sub.add_parser(
+        "rejudge", help="attribute a run's claims again (another model, or the same)"
+    )
+    rejudge.add_argument("run_id")
+    rejudge.add_argument("--model", help="the judge of the new run (default: the run's own)")
+    rejudge.add_argument("--concurrency", type=int, help="judge calls in flight (threads)")
+    rejudge.add_argument("--quiet", action="store_true", help="no progress bar")
+    add_api_option(rejudge)
+    rejudge.set_defaults(func=_command("label_commands", "cmd_rejudge"))

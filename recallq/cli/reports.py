@@ -6,10 +6,12 @@ import heapq
 import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from recallq.cli.backends import Backend
-from recallq.cli.output import output_file
 from recallq.core.exits import CommandError
+
+if TYPE_CHECKING:
+    from recallq.cli.backends import Backend
 
 REPORT_LOWEST = 25
 MAX_REPORT_LOWEST = 500  # each shown item is read in full: a bound on the report's size
@@ -20,6 +22,7 @@ def write_report(
 ) -> Path:
     """Gather what a report shows through `backend` (the API or the local database: the same
     answers as `recallq status` and `recallq compare`) and write it to `out`."""
+    from recallq.cli.output import output_file
     from recallq.viewer import report as html_report  # here: jinja2 is for reports only
 
     target = out or Path(f"recallq-report-{run_id}.html")

@@ -12,19 +12,22 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from recallq.cli import local_runs
 from recallq.cli.backends import DEFAULT_API_URL, api_url, nothing_found, open_backend
 from recallq.cli.output import output_file, print_json, print_run
 from recallq.cli.reports import write_report
-from recallq.client import ApiError, Client
 from recallq.core import gates
 from recallq.core.exits import CommandError, Exit
 from recallq.core.status import RUN_ACTIVE, RunStatus
-from recallq.runs.ingest import SubmissionError
 from recallq.settings import Settings
 from recallq.viewer import text as display
+
+if TYPE_CHECKING:
+    from recallq.client import Client
+
+# The HTTP client and the local runner are imported by the commands that use them: `recallq
+# runs` and `status` on the local database load neither.
 
 # --- commands --------------------------------------------------------------------------------
 
@@ -32,7 +35,10 @@ from recallq.viewer import text as display
 def submit(args: argparse.Namespace) -> int:
     """Send a file to the API as a new run; with --wait, poll until it ends and exit as
     `recallq run` does (run id on stderr, the final run object on stdout)."""
+    from recallq.cli.local_runs import rejected_file
+    from recallq.client import ApiError, Client
     from recallq.runs import dataset
+    from recallq.runs.ingest import SubmissionError
 
     if not args.file.exists():
         raise CommandError(f"no such file: {args.file}")
@@ -44,7 +50,7 @@ def submit(args: argparse.Namespace) -> int:
         try:
             run = _submitted(client, args, mapping)
         except (ApiError, SubmissionError) as exc:
-            line = local_runs.rejected_file(args.file, exc.code, exc.message)
+            line = rejected_file(args.file, exc.code, exc.message)
             if line is None:
                 raise
             status = f"{exc.status} {exc.code}: " if isinstance(exc, ApiError) else ""
@@ -175,7 +181,11 @@ def retry(args: argparse.Namespace) -> int:
     settings: Settings = args.settings
     url = api_url(args, settings)
     if url is None:
+        from recallq.cli import local_runs
+
         return local_runs.continue_run(args, settings, "retry")
+    from recallq.client import Client
+
     with Client(url, settings.api_key) as client:
         view = client.post(f"/v1/runs/{args.run_id}/retry")
     print(
@@ -192,6 +202,8 @@ def resume(args: argparse.Namespace) -> int:
     settings: Settings = args.settings
     url = api_url(args, settings)
     if url is not None:
+        from recallq.client import Client
+
         with Client(url, settings.api_key) as client:
             budget = {"budget_usd": args.budget_usd, "budget_tokens": args.budget_tokens}
             body = {name: value for name, value in budget.items() if value is not None}
@@ -202,11 +214,15 @@ def resume(args: argparse.Namespace) -> int:
         )
         print_run(view, False)
         return Exit.OK
+    from recallq.cli import local_runs
+
     return local_runs.continue_run(args, settings, "resume")
 
 
 def delete(args: argparse.Namespace) -> int:
     """Delete an ended run on the service (an admin key)."""
+    from recallq.client import Client
+
     settings: Settings = args.settings
     with Client(api_url(args, settings) or DEFAULT_API_URL, settings.api_key) as client:
         client.delete_run(args.run_id)

@@ -41,12 +41,13 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
-
-from redis import Redis
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from recallq.coordination import keys, scripts
 from recallq.observability import metrics
+
+if TYPE_CHECKING:
+    from redis import Redis
 
 # The window is counted in this many buckets (see the module docstring).
 _BUCKETS = 10

@@ -21,12 +21,13 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager, contextmanager
-from typing import Protocol
-
-from redis import Redis
+from typing import TYPE_CHECKING, Protocol
 
 from recallq.coordination import keys, scripts
 from recallq.core.errors import JudgeError
+
+if TYPE_CHECKING:
+    from redis import Redis
 
 #: the cancel flag's value when a user cancelled, and when the budget was reached
 CANCELLED_BY_USER = "1"

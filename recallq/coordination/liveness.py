@@ -11,11 +11,13 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
-
-from redis import Redis, RedisError
+from typing import TYPE_CHECKING
 
 from recallq.coordination import keys
 from recallq.observability import metrics
+
+if TYPE_CHECKING:
+    from redis import Redis
 
 FORGET_AFTER = 86400.0  # a worker silent this long leaves the list of workers
 
@@ -167,6 +169,8 @@ def forget_held(redis: Redis, worker_ids: Iterable[str]) -> None:
 
 
 def _quietly(write: Callable[[], object]) -> None:
+    from redis import RedisError  # here: local mode has no Redis
+
     # Redis is down: the next heartbeat publishes the whole set (HeldItems.publish)
     with contextlib.suppress(RedisError):
         write()

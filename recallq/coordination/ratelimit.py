@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Protocol
-
-from redis import Redis
+from typing import TYPE_CHECKING, Protocol
 
 from recallq.coordination import keys, scripts
 from recallq.core.errors import RateLimited
 from recallq.observability import metrics
+
+if TYPE_CHECKING:
+    from redis import Redis
 
 
 class RateLimiter(Protocol):

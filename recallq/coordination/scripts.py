@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from functools import cache
 from importlib import resources
+from typing import TYPE_CHECKING
 
-from redis import Redis
-from redis.commands.core import Script
+if TYPE_CHECKING:
+    from redis import Redis
+    from redis.commands.core import Script
 
 
 @cache

@@ -87,3 +87,8 @@ class MalformedAnswer(PermanentJudgeError):
         self.answer = answer
         self.problem = problem
         self.repairable = repairable
+
+
+class SharedStateUnavailable(Exception):
+    """Redis, which holds what every worker shares (breakers, heartbeats), cannot be reached
+    now: a read that asks it says "unknown" instead of failing."""

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
-from redis import Redis
 from sqlalchemy import insert, select, update
 
 from recallq.coordination import keys
 from recallq.state.db import Database
 from recallq.state.tables import BrokerEpoch, utcnow
+
+if TYPE_CHECKING:
+    from redis import Redis
 
 log = logging.getLogger(__name__)
 

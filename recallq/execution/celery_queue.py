@@ -18,12 +18,11 @@ import json
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
-from redis import Redis
-
 from recallq.core.outcomes import Taken
 
 if TYPE_CHECKING:  # the app is made by whoever sends (the API, a worker): local mode never is
     from celery import Celery
+    from redis import Redis
 
 QUEUE = "recallq"
 DISPATCH = "recallq.dispatch"

@@ -22,9 +22,8 @@ import threading
 import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from redis import Redis
 from sqlalchemy import and_, or_, select
 
 from recallq.coordination import keys
@@ -37,6 +36,9 @@ from recallq.execution.engine import WorkQueue
 from recallq.state.db import Database
 from recallq.state.items import ItemStore
 from recallq.state.tables import Item, Run, as_utc, utcnow
+
+if TYPE_CHECKING:
+    from redis import Redis
 
 log = logging.getLogger(__name__)
 

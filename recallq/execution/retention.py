@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
-
-from redis import Redis
+from typing import TYPE_CHECKING
 
 from recallq.coordination import keys
 from recallq.coordination.call_gate import CallGate
 from recallq.coordination.periodic import ExclusiveTurn
 from recallq.state.runs import RunStore
 from recallq.state.tables import utcnow
+
+if TYPE_CHECKING:
+    from redis import Redis
 
 log = logging.getLogger(__name__)
 

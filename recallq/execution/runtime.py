@@ -17,9 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from functools import cached_property, partial
-from typing import Any
-
-from redis import Redis
+from typing import TYPE_CHECKING, Any
 
 from recallq.batch.lane import BatchLane
 from recallq.batch.store import LaneStore
@@ -32,6 +30,7 @@ from recallq.coordination.breaker import (
 from recallq.coordination.call_gate import CallGate, OpenGate, RedisCallGate
 from recallq.coordination.liveness import Heartbeat, new_owner_token, this_process_id
 from recallq.coordination.ratelimit import RateLimiter, RedisRateLimiter, Unlimited
+from recallq.core.errors import SharedStateUnavailable
 from recallq.core.redact import Redactor, redact_url
 from recallq.execution.engine import Engine, WorkQueue
 from recallq.execution.reaper import Reaper
@@ -45,6 +44,9 @@ from recallq.state.batched_items import BatchedItemStore
 from recallq.state.db import Database
 from recallq.state.items import ItemStore
 from recallq.state.runs import RunStore, run_budget, run_spent, stores_for
+
+if TYPE_CHECKING:
+    from redis import Redis
 
 log = logging.getLogger(__name__)
 
@@ -228,7 +230,18 @@ class Runtime:
 
     def waiting(self, model: str) -> dict[str, Any] | None:
         """Why runs of this model cannot make progress now: its provider is having an
-        incident (its circuit breaker is open), or no worker is alive to score them."""
+        incident (its circuit breaker is open), or no worker is alive to score them. Raises
+        SharedStateUnavailable when Redis cannot say."""
+        if self.redis is None:  # local mode: the breakers are this process's
+            return self._waiting(model)
+        from redis.exceptions import RedisError
+
+        try:
+            return self._waiting(model)
+        except RedisError as exc:
+            raise SharedStateUnavailable(str(exc)) from exc
+
+    def _waiting(self, model: str) -> dict[str, Any] | None:
         incident = self.breaker.state(model)
         if incident is not None:
             return {
@@ -296,6 +309,8 @@ def _iso(unix_seconds: float) -> str:
 
 
 def redis_client(url: str) -> Redis:
+    from redis import Redis  # here: local mode has no Redis (nor, without [service], redis)
+
     return Redis.from_url(url, socket_timeout=10, health_check_interval=30)
 
 

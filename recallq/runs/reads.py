@@ -17,20 +17,22 @@ one (RunNotFound).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from redis.exceptions import RedisError
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from recallq.core import inputs
+from recallq.core.errors import SharedStateUnavailable
 from recallq.core.status import RUN_ACTIVE
-from recallq.execution.runtime import Runtime
 from recallq.labels import agreement as label_agreement
 from recallq.runs import comparisons, item_views, run_views
 from recallq.state.db import Database
 from recallq.state.runs import RunNotFound, find_run, plausible_id
 from recallq.state.tables import Run
+
+if TYPE_CHECKING:
+    from recallq.execution.runtime import Runtime
 
 
 class RunReads:
@@ -82,7 +84,7 @@ class RunReads:
         if run.status in RUN_ACTIVE and self._waiting is not None:
             try:
                 view["waiting"] = self._waiting(run.model)
-            except RedisError:
+            except SharedStateUnavailable:
                 view["waiting_unknown"] = True
         if self._local:
             run_views.mark_interrupted(session, [view])

@@ -7,6 +7,7 @@ client, the run service, exports) is imported where it is used."""
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,7 +25,7 @@ from recallq.state.runs import RunNotFound
 from recallq.viewer.text import database_label
 
 if TYPE_CHECKING:
-    from recallq.client import Client
+    from recallq.client import Client, Run
 
 DEFAULT_API_URL = "http://127.0.0.1:8000"
 PROJECT = local.PROJECT
@@ -220,3 +221,18 @@ def open_local_database(settings: Settings) -> Database:
             )
         migrate.upgrade(url)
     return Database(url)
+
+
+def wait_for_service_run(run: Run, quiet: bool) -> dict[str, Any] | None:
+    """Poll a run the service scores until it ends; its final view, or None when the user
+    stopped waiting (Ctrl-C: the run goes on on the service, and the command says so)."""
+    print(f"recallq: run {run.id}", file=sys.stderr)
+    try:
+        return run.wait(progress=not quiet)
+    except KeyboardInterrupt:
+        print(
+            f"\nrecallq: stopped waiting; run {run.id} goes on on the service "
+            f"(recallq status {run.id})",
+            file=sys.stderr,
+        )
+        return None

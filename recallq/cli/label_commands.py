@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from recallq.cli import local_runs
-from recallq.cli.backends import api_url, open_backend, open_local_database
+from recallq.cli.backends import api_url, open_backend, open_local_database, wait_for_service_run
 from recallq.cli.output import print_json, print_run
 from recallq.client import Client
 from recallq.core import gates
@@ -332,15 +332,8 @@ def _rejudge_remote(
 
     with Client(url, args.settings.api_key) as client:
         run = client.submit(source, model=model, name=name, scale=scale, claims_from=args.run_id)
-        print(f"recallq: run {run.id}", file=sys.stderr)
-        try:
-            view = run.wait(progress=not args.quiet)
-        except KeyboardInterrupt:
-            print(
-                f"\nrecallq: stopped waiting; run {run.id} goes on on the service "
-                f"(recallq status {run.id})",
-                file=sys.stderr,
-            )
+        view = wait_for_service_run(run, args.quiet)
+        if view is None:
             return Exit.INTERRUPTED
     print_run(view, False)
     print(

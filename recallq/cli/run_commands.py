@@ -14,7 +14,13 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from recallq.cli.backends import DEFAULT_API_URL, api_url, nothing_found, open_backend
+from recallq.cli.backends import (
+    DEFAULT_API_URL,
+    api_url,
+    nothing_found,
+    open_backend,
+    wait_for_service_run,
+)
 from recallq.cli.output import output_file, print_json, print_run
 from recallq.cli.reports import write_report
 from recallq.core import gates
@@ -58,15 +64,8 @@ def submit(args: argparse.Namespace) -> int:
         if not args.wait:
             print(run.id)
             return Exit.OK
-        print(f"recallq: run {run.id}", file=sys.stderr)
-        try:
-            view = run.wait(progress=not args.quiet)
-        except KeyboardInterrupt:
-            print(
-                f"\nrecallq: stopped waiting; run {run.id} goes on on the service "
-                f"(recallq status {run.id})",
-                file=sys.stderr,
-            )
+        view = wait_for_service_run(run, args.quiet)
+        if view is None:
             return Exit.INTERRUPTED
     print_run(view, args.json)
     thresholds = gates.Gate.of(args)

@@ -12,6 +12,7 @@ import contextlib
 import os
 import shlex
 import sys
+import threading
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -249,6 +250,38 @@ def _score(
     return report(view, gates.Gate.of(args), sys.stdout, by=by, groups=groups, footer=footer)
 
 
+#: How long Ctrl-C's bookkeeping (the counts, the items handed back) may take.
+HAND_BACK_SECONDS = 10.0
+
+
+def _hand_back(runtime: Runtime, run_id: str) -> tuple[str, str | None, bool]:
+    """After Ctrl-C: the run's counts and status, and its handed-out items given back
+    (local.release), within HAND_BACK_SECONDS. The interrupt may have landed anywhere, even in
+    the middle of a transaction whose lock the database then waits out (SQLite: a minute), so
+    this runs on a thread of its own and the message that says how to resume never waits for
+    it. What it could not do, a resume does all the same. Returns the counts' text, the
+    status, and whether it finished in time."""
+    found: dict[str, Any] = {"progress": "", "status": None}
+
+    def hand_back() -> None:
+        with contextlib.suppress(Exception):  # the message matters more than the counts
+            view = local.run_view(runtime, run_id, details=False)
+            counts = view["counts"]
+            done = counts[PublicItemStatus.SUCCEEDED] + counts[PublicItemStatus.FAILED]
+            found["progress"] = f": {done} of {counts['total']} items done, and not sent again"
+            found["status"] = view["status"]
+        if found["status"] not in RUN_ENDED:
+            with contextlib.suppress(Exception):
+                local.release(runtime, run_id)
+
+    worker = threading.Thread(target=hand_back, name="recallq-hand-back", daemon=True)
+    worker.start()
+    worker.join(HAND_BACK_SECONDS)
+    if worker.is_alive():
+        return "", None, False
+    return found["progress"], found["status"], True
+
+
 def _interrupted(
     runtime: Runtime, runner: LocalRunner, run_id: str, resume_argv: list[str] | None
 ) -> int:
@@ -273,31 +306,23 @@ def _interrupted(
             file=sys.stderr,
         )
     here = " --local" if runtime.settings.api_url else ""  # see _score
-    status = None
-    try:
-        view = local.run_view(runtime, run_id, details=False)
-        counts, status = view["counts"], view["status"]
-        done = counts[PublicItemStatus.SUCCEEDED] + counts[PublicItemStatus.FAILED]
-        progress = f": {done} of {counts['total']} items done, and not sent again"
-    except Exception:  # the message below matters more than the counts
-        progress = ""
+    progress, status, handed_back = _hand_back(runtime, run_id)
     if status in RUN_ENDED and not left:  # the items in flight were its last ones
         print(
             f"recallq: run {run_id} {status} meanwhile: recallq status {run_id}{here}",
             file=sys.stderr,
         )
         return Exit.INTERRUPTED
-    with contextlib.suppress(Exception):  # a resume sends them again all the same
-        local.release(runtime, run_id)
     print(f"recallq: run {run_id} is kept{progress}", file=sys.stderr)
     if resume_argv is not None:
         argv = [arg for arg in resume_argv if arg != "--fresh"]
         print(f"recallq: resume with: {shlex.join(['recallq', *argv])}", file=sys.stderr)
     print(f"recallq:          or: recallq resume {run_id}{here}", file=sys.stderr)
-    if left:
+    if left or not handed_back:
         # Pool threads still inside a judge call would hold the interpreter's exit until the
-        # call returns (up to the request timeout, retries included). Their items are
-        # `running` in the database, which a resume sends again; SQLite survives the exit.
+        # call returns (up to the request timeout, retries included), as would a hand-back
+        # still waiting on the database. Their items are `running` in the database, which a
+        # resume sends again; SQLite survives the exit.
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(Exit.INTERRUPTED)

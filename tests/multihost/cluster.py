@@ -50,16 +50,19 @@ class Stub:
 
 @dataclass
 class Worker:
-    """A worker host and the `recallq worker` running on it."""
+    """A worker host and the `recallq worker --processes 1` running on it: a supervisor and
+    the one Celery process it forked, which does the work."""
 
     host: hosts.Host
     process: hosts.Process
+    child_pid: int = 0
 
     @property
     def worker_id(self) -> str:
-        """As recallq names it (recallq.coordination.liveness): namespaces share the hostname,
-        and `ip netns exec` execs, so the pid is the process's."""
-        return f"{socket.gethostname()}:{self.process.pid}"
+        """As recallq names it (recallq.coordination.liveness, computed in the forked process):
+        namespaces share the hostname, and `ip netns exec` execs, so the supervisor is
+        `process` and the worker its only child."""
+        return f"{socket.gethostname()}:{self.child_pid}"
 
     @property
     def live(self) -> bool:
@@ -145,11 +148,13 @@ class Cluster:
             number = str(10 + len(self._workers) + len(starting) + 1)
             host = self.network.add_host(name, data=number, judge=number, wire=True)
             command = [
-                sys.executable, "-m", "recallq.cli", "worker", "--concurrency", str(threads),
+                sys.executable, "-m", "recallq.cli", "worker",
+                "--processes", "1", "--concurrency", str(threads),
             ]  # fmt: skip
             starting.append(Worker(host, host.start(command, self.worker_env, "worker")))
         for worker in starting:
             worker.process.wait_for_output(" ready.", timeout=180)
+            worker.child_pid = hosts.only_child(worker.process.pid)
         self._workers += starting
         return live + starting
 

@@ -335,6 +335,13 @@ def reap_orphans() -> None:
         subprocess.run(["ip", "netns", "delete", name], capture_output=True)
 
 
+def only_child(pid: int) -> int:
+    """The one process `pid` forked (a `recallq worker --processes 1` once it said ready)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    assert len(children) == 1, f"process {pid} has children {children}, not one"
+    return int(children[0])
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

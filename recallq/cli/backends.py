@@ -223,6 +223,40 @@ def open_local_database(settings: Settings) -> Database:
     return Database(url)
 
 
+#: A whole run id's length (a UUID): no look-up for it.
+RUN_ID_LENGTH = 36
+
+
+def expand_run_ids(args: argparse.Namespace) -> None:
+    """Run ids given as the unique start of one (`recallq status e59e79be`) made whole, on
+    the local database. An API is asked for whole ids only: the contract's routes take a
+    run's id, and listing a project's runs to match a prefix is not a read to make per
+    command. An id that matches nothing is left as given, for the command to report."""
+    from recallq.cli.parser import RUN_ID_ARGUMENTS
+    from recallq.runs.reads import AmbiguousRunId
+
+    settings: Settings = args.settings
+    if api_url(args, settings) is not None:
+        return
+    short = [
+        name
+        for name in RUN_ID_ARGUMENTS
+        if isinstance(getattr(args, name, None), str) and len(getattr(args, name)) < RUN_ID_LENGTH
+    ]
+    url = settings.database_url
+    if not short or (is_sqlite(url) and not Path(url.removeprefix("sqlite:///")).exists()):
+        return
+    database = Database(url)
+    try:
+        reads = RunReads(database, local=True)
+        for name in short:
+            setattr(args, name, reads.expand_id(getattr(args, name), PROJECT))
+    except AmbiguousRunId as exc:
+        raise CommandError(f"{exc}: give more of it") from None
+    finally:
+        database.dispose()
+
+
 def wait_for_service_run(run: Run, quiet: bool) -> dict[str, Any] | None:
     """Poll a run the service scores until it ends; its final view, or None when the user
     stopped waiting (Ctrl-C: the run goes on on the service, and the command says so)."""

@@ -16,6 +16,11 @@ from typing import Any
 from recallq.cli.reports import MAX_REPORT_LOWEST, REPORT_LOWEST
 from recallq.core.status import RunStatus
 
+#: The arguments that name a run (as a run id, or a unique start of one on the local
+#: database: recallq.cli.backends.expand_run_ids), and the commands that only ask an API.
+RUN_ID_ARGUMENTS = ("run_id", "base", "candidate", "compare", "against", "claims_from")
+API_ONLY_COMMANDS = frozenset({"submit", "delete"})
+
 
 def _command(module: str, name: str) -> Callable[[argparse.Namespace], int]:
     """The command `name` of recallq.cli.`module`, imported when it runs: `recallq --help`

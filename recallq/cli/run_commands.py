@@ -67,7 +67,7 @@ def submit(args: argparse.Namespace) -> int:
         view = wait_for_service_run(run, args.quiet)
         if view is None:
             return Exit.INTERRUPTED
-    print_run(view, args.json)
+    print_run(view, args.json, "submit")
     thresholds = gates.Gate.of(args)
     code, reasons = gates.exit_code(view, thresholds)
     for reason in reasons:
@@ -171,7 +171,7 @@ def cancel(args: argparse.Namespace) -> int:
         if view.get("calls_stopped") is False:
             said += " (the calls already sent were not stopped: Redis unreachable)"
     print(f"recallq: {said}", file=sys.stderr)
-    print_run(view, args.json)
+    print_run(view, args.json, "cancel")
     return Exit.OK
 
 
@@ -191,7 +191,7 @@ def retry(args: argparse.Namespace) -> int:
         f"recallq: retry run {args.run_id}: {view['retried_items']} failed items queued again",
         file=sys.stderr,
     )
-    print_run(view, False)
+    print_run(view, False, "retry")
     return Exit.OK
 
 
@@ -211,7 +211,7 @@ def resume(args: argparse.Namespace) -> int:
             f"recallq: resume run {args.run_id}: {view['resumed_items']} items queued again",
             file=sys.stderr,
         )
-        print_run(view, False)
+        print_run(view, False, "resume")
         return Exit.OK
     from recallq.cli import local_runs
 

@@ -154,7 +154,7 @@ def _no_password_mask_without_a_password() -> None:
     """kombu's Connection.as_uri() (the worker's banner and its "Connected to" line) puts a
     masked password in every URL it shows, one or not: with no password there is nothing to
     hide, so the URL is shown as it is."""
-    from kombu import Connection
+    from kombu.connection import Connection
 
     original: Any = Connection.as_uri
     if _is_ours(original):

@@ -117,11 +117,13 @@ class LocalBackend:
 
         with self._answering():
             self.reads.run(run_id, PROJECT)
+        csv_fields = format == "csv" and item_data
+        fields = self.reads.metadata_fields(run_id, PROJECT, every=True) if csv_fields else []
         after: int | None = None
         first = True
         while True:
             page, after = self.reads.results(run_id, after, 500, item_data)
-            for line in export.lines(page, format, header=first):
+            for line in export.lines(page, format, header=first, metadata_fields=fields):
                 yield line.encode()
             first = False
             if after is None:

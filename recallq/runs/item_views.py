@@ -317,15 +317,17 @@ def decode_items_cursor(cursor: str, by_score: bool = False) -> ItemsCursor:
     return score, idx
 
 
-def metadata_fields(session: Session, run_id: str, sample: int = 200) -> list[str]:
-    """The metadata fields of the run's first `sample` items that carry metadata, sorted
-    (what a page offers to slice the run by)."""
+def metadata_fields(session: Session, run_id: str, sample: int | None = 200) -> list[str]:
+    """The metadata fields of the run's first `sample` items that carry metadata (None: of
+    every item: a CSV export's columns), sorted (what a page offers to slice the run by)."""
     fields: set[str] = set()
-    rows = session.scalars(
+    query = (
         select(Item.item_metadata)
         .where(Item.run_id == run_id, Item.item_metadata.is_not(None))
         .order_by(Item.idx)
-        .limit(sample)
+    )
+    rows = session.scalars(
+        (query if sample is None else query.limit(sample)).execution_options(yield_per=1000)
     )
     for metadata in rows:
         if isinstance(metadata, dict):

@@ -204,10 +204,11 @@ class RunReads:
             self._run(session, run_id, project)
             return item_views.items_table(session, run_id, where, limit, after)
 
-    def metadata_fields(self, run_id: str, project: str) -> list[str]:
+    def metadata_fields(self, run_id: str, project: str, every: bool = False) -> list[str]:
+        """The metadata fields of the run's first items (`every`: of all its items)."""
         with self.database.session() as session:
             self._run(session, run_id, project)
-            return item_views.metadata_fields(session, run_id)
+            return item_views.metadata_fields(session, run_id, None if every else 200)
 
     def results(
         self, run_id: str, after: int | None, limit: int, item_data: bool = True

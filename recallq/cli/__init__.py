@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         ):
             from recallq.cli.backends import expand_run_ids
 
-            expand_run_ids(args)
+            expand_run_ids(args, RUN_ID_ARGUMENTS)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("\nrecallq: interrupted", file=sys.stderr)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -229,12 +229,12 @@ def open_local_database(settings: Settings) -> Database:
 RUN_ID_LENGTH = 36
 
 
-def expand_run_ids(args: argparse.Namespace) -> None:
+def expand_run_ids(args: argparse.Namespace, names: Sequence[str]) -> None:
     """Run ids given as the unique start of one (`recallq status e59e79be`) made whole, on
     the local database. An API is asked for whole ids only: the contract's routes take a
     run's id, and listing a project's runs to match a prefix is not a read to make per
-    command. An id that matches nothing is left as given, for the command to report."""
-    from recallq.cli.parser import RUN_ID_ARGUMENTS
+    command. An id that matches nothing is left as given, for the command to report.
+    `names`: the arguments that name runs (recallq.cli.parser.RUN_ID_ARGUMENTS)."""
     from recallq.runs.reads import AmbiguousRunId
 
     settings: Settings = args.settings
@@ -242,7 +242,7 @@ def expand_run_ids(args: argparse.Namespace) -> None:
         return
     short = [
         name
-        for name in RUN_ID_ARGUMENTS
+        for name in names
         if isinstance(getattr(args, name, None), str) and len(getattr(args, name)) < RUN_ID_LENGTH
     ]
     url = settings.database_url

@@ -67,7 +67,7 @@ def submit(args: argparse.Namespace) -> int:
         view = wait_for_service_run(run, args.quiet)
         if view is None:
             return Exit.INTERRUPTED
-    print_run(view, args.json, "submit")
+    print_run(view, args.json)  # as `recallq status` prints it (tests/e2e/test_cli_client.py)
     thresholds = gates.Gate.of(args)
     code, reasons = gates.exit_code(view, thresholds)
     for reason in reasons:

@@ -251,6 +251,9 @@ def _spend_rows(usage: dict[str, Any]) -> list[tuple[str, str]]:
 
     rows = [("cost_usd", cost(usage))]
     for stage, spent in (usage.get("by_stage") or {}).items():
+        if not spent.get("llm_calls") and not spent.get("cost_usd"):
+            rows.append((f"  {stage}", "no calls"))  # a stage the claim cache served, say
+            continue
         tokens = spent.get("prompt_tokens", 0) + spent.get("completion_tokens", 0)
         calls = count(spent.get("llm_calls", 0), "call")
         rows.append((f"  {stage}", f"{calls}, {tokens} tokens, cost_usd {cost(spent)}"))

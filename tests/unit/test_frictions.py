@@ -231,7 +231,7 @@ def test_text_status_shows_cost_and_usage_per_stage() -> None:
     )
     text = "\n".join(lines)
     assert re.search(r"cost_usd\s+not priced", text)
-    assert re.search(r"extraction\s+0 calls, 0 tokens, cost_usd no calls", text)
+    assert re.search(r"extraction\s+no calls\n", text)
     assert re.search(r"attribution\s+8 calls, 880 tokens, cost_usd not priced", text)
     priced = display.summary_lines(_view(llm_calls=2, cost_usd=0.0123))
     assert any(re.fullmatch(r"\s+cost_usd\s+0\.0123", line) for line in priced)

@@ -419,13 +419,16 @@ def get_item(
     return item
 
 
-def _results_page(reads: RunReads, run_id: str, format: str, item_data: bool) -> streams.RenderPage:
+def _results_page(
+    reads: RunReads, run_id: str, format: str, item_data: bool, fields: list[str]
+) -> streams.RenderPage:
     """The pages of a result stream, each read in its own short transaction and rendered, in
-    a worker thread (rendering a page is CPU work the event loop should not do)."""
+    a worker thread (rendering a page is CPU work the event loop should not do). `fields`:
+    the run's metadata fields, a CSV column each."""
 
     def render(after: int | None, limit: int, first: bool) -> tuple[bytes, int, int | None]:
         page, after = reads.results(run_id, after, limit, item_data)
-        text = "".join(export.lines(page, format, header=first))
+        text = "".join(export.lines(page, format, header=first, metadata_fields=fields))
         return text.encode(), len(page), after
 
     return render
@@ -460,12 +463,17 @@ async def results(
     beyond, `RECALLQ_MAX_RESULT_STREAMS_PER_KEY`)."""
     reads = RunReads.of(runtime)
     await anyio.to_thread.run_sync(reads.run, run_id, principal.project)
+    fields: list[str] = []
+    if format == "csv" and item_data:  # a column per metadata field: the CSV's header needs all
+        fields = await anyio.to_thread.run_sync(
+            reads.metadata_fields, run_id, principal.project, True
+        )
     slots: streams.StreamSlots = request.app.state.result_streams
     key = principal.key_id or ANONYMOUS
     slots.take(key)
     media = export.MEDIA_TYPES[format]
     headers = {"Content-Disposition": f'attachment; filename="{run_id}.{format}"'}
-    pages = streams.paged_bytes(_results_page(reads, run_id, format, item_data))
+    pages = streams.paged_bytes(_results_page(reads, run_id, format, item_data, fields))
     stall = runtime.settings.results_stall_timeout
     return streams.SlottedStream(slots, key, stall, pages, media_type=media, headers=headers)
 

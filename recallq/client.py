@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+import weakref
 from collections.abc import Iterator
 from types import TracebackType
 from typing import IO, Any
@@ -93,6 +94,9 @@ class Client:
             timeout=httpx.Timeout(timeout, read=max(timeout, 600.0)),
             transport=_PatientTransport(),
         )
+        # a client dropped without close() (a notebook's `client = Client(...)`) closes its
+        # pooled connections when it is collected, not as a ResourceWarning: unclosed socket
+        self._closer = weakref.finalize(self, self._http.close)
 
     # --- runs ---------------------------------------------------------------------------------
 
@@ -212,7 +216,7 @@ class Client:
             yield from response.iter_bytes()
 
     def close(self) -> None:
-        self._http.close()
+        self._closer()
 
     def __enter__(self) -> Client:
         return self

@@ -13,7 +13,10 @@ it. A library upgrade that moves an internal shows up here and in those tests, n
     queues on a thread pool after every call (about 0.4 ms of CPU and a thread hand-off).
 - kombu (checked against 5.7.0), applied by `prepare_kombu()` when a worker starts:
   closing a broker connection that Celery already collected is the connection error it is
-  (tests/integration/test_broker.py).
+  (tests/integration/test_broker.py); a broker URL without a password is shown without the
+  `:**@` kombu puts in every URL it shows (`redis://:**@127.0.0.1:6379/0` for a Redis with no
+  password, which the log redaction then showed as `redis://:[redacted]@...`:
+  tests/unit/test_frictions.py).
 - prometheus-client (checked against 0.26.0), by `count_in_files()` where `recallq worker
   --metrics-port` starts: its multiprocess mode, which it picks from PROMETHEUS_MULTIPROC_DIR
   when it is imported (recallq's CLI imports it before it knows the command), chosen after
@@ -144,6 +147,25 @@ def prepare_kombu() -> None:
         return original(self, asynchronous)
 
     setattr(kombu_redis.Channel, "_connparams", _ours(_connparams))  # noqa: B010  (a method)
+    _no_password_mask_without_a_password()
+
+
+def _no_password_mask_without_a_password() -> None:
+    """kombu's Connection.as_uri() (the worker's banner and its "Connected to" line) puts a
+    masked password in every URL it shows, one or not: with no password there is nothing to
+    hide, so the URL is shown as it is."""
+    from kombu.connection import Connection
+
+    original: Any = Connection.as_uri
+    if _is_ours(original):
+        return
+
+    def as_uri(self: Any, include_password: bool = False, *args: Any, **kwargs: Any) -> Any:
+        if not include_password and not self.password:
+            include_password = True  # none to include: the URL as given
+        return original(self, include_password, *args, **kwargs)
+
+    setattr(Connection, "as_uri", _ours(as_uri))  # noqa: B010  (a method)
 
 
 def count_in_files(directory: str) -> None:

@@ -31,9 +31,16 @@ def _pandas() -> Any:
 
 def items_frame(results: Iterable[dict[str, Any]], item_data: bool = True) -> Any:
     """One row per item: id, index, status, score, claims_total, claims_attributed, attempts,
-    reason, error and (with `item_data`) input, output, ground_truth, context, metadata."""
+    reason, error and (with `item_data`) input, output, ground_truth, context, metadata, and a
+    `metadata.NAME` column per metadata field (as the CSV export has)."""
     columns = [c for c in ITEM_FRAME_COLUMNS if item_data or c not in _ITEM_DATA_COLUMNS]
-    rows = [{column: result.get(column) for column in columns} for result in results]
+    results = list(results)
+    fields = export.metadata_fields_of(results) if item_data else []
+    columns += export.metadata_columns(fields)
+    rows = [
+        {column: result.get(column) for column in columns}
+        for result in export.with_metadata_columns(results, fields)
+    ]
     return _pandas().DataFrame(rows, columns=columns)
 
 

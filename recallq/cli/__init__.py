@@ -19,7 +19,7 @@ import re
 import sys
 from typing import TYPE_CHECKING, NoReturn
 
-from recallq.cli.parser import build_parser
+from recallq.cli.parser import API_ONLY_COMMANDS, RUN_ID_ARGUMENTS, build_parser
 from recallq.core.exits import CommandError
 
 if TYPE_CHECKING:
@@ -35,7 +35,10 @@ _SERVERS = frozenset({"celery", "uvicorn"})
 
 
 def explain(
-    exc: BaseException, settings: Settings | None = None, command: str | None = None
+    exc: BaseException,
+    settings: Settings | None = None,
+    command: str | None = None,
+    api_option: str | None = None,
 ) -> str | None:
     """The one line an expected error is reported as; None for an unexpected one.
 
@@ -58,7 +61,7 @@ def explain(
     if isinstance(exc, DatasetError | JudgeModelsError):
         return str(exc)
     if "httpx" in sys.modules:
-        line = _http_error(exc)
+        line = _http_error(exc, api_option, settings)
         if line is not None:
             return line
     if "sqlalchemy" in sys.modules:
@@ -66,7 +69,11 @@ def explain(
     return None
 
 
-def _http_error(exc: BaseException) -> str | None:
+def _http_error(
+    exc: BaseException, api_option: str | None, settings: Settings | None
+) -> str | None:
+    """An API's error, or an API not reached: said with where its URL came from (`--api`
+    given: check that URL; RECALLQ_API_URL: that variable; neither: how to name one)."""
     import httpx
 
     from recallq.client import ApiError
@@ -78,10 +85,16 @@ def _http_error(exc: BaseException) -> str | None:
             where = str(exc.request.url.copy_with(path="/", query=None)).rstrip("/")
         except RuntimeError:
             where = "the API"
-        return (
-            f"cannot reach the API at {where} ({type(exc).__name__}: {exc}); "
-            "pass --api or set RECALLQ_API_URL"
-        )
+        if api_option:
+            hint = "is it running there? (the URL given with --api)"
+        elif settings is not None and settings.api_url:
+            hint = (
+                "is it running there? (the URL of RECALLQ_API_URL; --local reads the local "
+                "database)"
+            )
+        else:
+            hint = "no API is configured: pass --api URL or set RECALLQ_API_URL"
+        return f"cannot reach the API at {where} ({type(exc).__name__}: {exc}); {hint}"
     return None
 
 
@@ -114,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:
 
         # the one read of the environment in this process: every command takes it from here
         args.settings = read_settings()
+        if args.command not in API_ONLY_COMMANDS and any(
+            isinstance(getattr(args, name, None), str) for name in RUN_ID_ARGUMENTS
+        ):
+            from recallq.cli.backends import expand_run_ids
+
+            expand_run_ids(args, RUN_ID_ARGUMENTS)
         return int(args.func(args) or 0)
     except KeyboardInterrupt:
         print("\nrecallq: interrupted", file=sys.stderr)
@@ -124,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         if args.debug:
             raise
-        line = explain(exc, args.settings, args.command)
+        line = explain(exc, args.settings, args.command, getattr(args, "api", None))
         if line is None:
             line = f"unexpected error: {type(exc).__name__}: {exc} (--debug shows where)"
         code = exc.code if isinstance(exc, CommandError) else 2

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -117,11 +117,13 @@ class LocalBackend:
 
         with self._answering():
             self.reads.run(run_id, PROJECT)
+        csv_fields = format == "csv" and item_data
+        fields = self.reads.metadata_fields(run_id, PROJECT, every=True) if csv_fields else []
         after: int | None = None
         first = True
         while True:
             page, after = self.reads.results(run_id, after, 500, item_data)
-            for line in export.lines(page, format, header=first):
+            for line in export.lines(page, format, header=first, metadata_fields=fields):
                 yield line.encode()
             first = False
             if after is None:
@@ -221,6 +223,40 @@ def open_local_database(settings: Settings) -> Database:
             )
         migrate.upgrade(url)
     return Database(url)
+
+
+#: A whole run id's length (a UUID): no look-up for it.
+RUN_ID_LENGTH = 36
+
+
+def expand_run_ids(args: argparse.Namespace, names: Sequence[str]) -> None:
+    """Run ids given as the unique start of one (`recallq status e59e79be`) made whole, on
+    the local database. An API is asked for whole ids only: the contract's routes take a
+    run's id, and listing a project's runs to match a prefix is not a read to make per
+    command. An id that matches nothing is left as given, for the command to report.
+    `names`: the arguments that name runs (recallq.cli.parser.RUN_ID_ARGUMENTS)."""
+    from recallq.runs.reads import AmbiguousRunId
+
+    settings: Settings = args.settings
+    if api_url(args, settings) is not None:
+        return
+    short = [
+        name
+        for name in names
+        if isinstance(getattr(args, name, None), str) and len(getattr(args, name)) < RUN_ID_LENGTH
+    ]
+    url = settings.database_url
+    if not short or (is_sqlite(url) and not Path(url.removeprefix("sqlite:///")).exists()):
+        return
+    database = Database(url)
+    try:
+        reads = RunReads(database, local=True)
+        for name in short:
+            setattr(args, name, reads.expand_id(getattr(args, name), PROJECT))
+    except AmbiguousRunId as exc:
+        raise CommandError(f"{exc}: give more of it") from None
+    finally:
+        database.dispose()
 
 
 def wait_for_service_run(run: Run, quiet: bool) -> dict[str, Any] | None:

@@ -187,6 +187,11 @@ def cmd_label(args: argparse.Namespace) -> int:
         f"{len(keys)} items ({claims} claims) drawn with seed {args.seed} into {args.out}: fill "
         f"in human_verdict (yes/no), then `recallq label {args.run_id} --import {args.out}`"
     )
+    print(
+        "(judge_verdict and judge_reason show the judge's answers: hide those columns to label "
+        f"without seeing them, or label on the page /runs/{args.run_id}/label, which shows them "
+        "after you answer)"
+    )
     return Exit.OK
 
 
@@ -242,6 +247,8 @@ def describe(body: dict[str, Any]) -> str:
             f"with {corrected['labelled_items']} labelled items",
             f"claim recall: judge {_value(corrected['judge_claim_recall'])}, corrected "
             f"{_value(corrected['claim_recall'])}{_interval(corrected['claim_recall_ci95'])}",
+            "`recallq gate --corrected --min-score X` checks the corrected mean score's lower "
+            f"bound ({_value(corrected['mean_score_ci95'][0])}), not the claim recall",
         ]
     else:
         lines.append(
@@ -277,19 +284,33 @@ def corrected_gate(args: argparse.Namespace) -> int:
             f"(`recallq label {args.run_id} --sample N --out FILE.csv`, then --import)"
         )
     reasons = gates.misses(view, gates.Gate(None, args.max_failed))
-    low = corrected["mean_score_ci95"][0]
-    bound = (
-        f"corrected mean score {gates.number(corrected['mean_score'])} "
-        f"(95% lower bound {gates.number(low)}, {corrected['labelled_items']} labelled items)"
-    )
-    if low < args.min_score:
-        reasons.append(f"{bound} is below --min-score {gates.number(args.min_score)}")
+    passed, line = corrected_verdict(corrected, args.min_score)
+    if not passed:
+        reasons.append(line)
     for reason in reasons:
         print(f"recallq: gate failed: {reason}", file=sys.stderr)
     if reasons:
         return Exit.FAILED
-    print(f"gate passed: {bound} >= --min-score {gates.number(args.min_score)}")
+    print(f"gate passed: {line}")
     return Exit.OK
+
+
+def corrected_verdict(corrected: dict[str, Any], min_score: float) -> tuple[bool, str]:
+    """Whether the corrected mean's 95% lower bound reaches `min_score`, and the sentence that
+    says so. The figure compared comes first, so the sentence reads true: "the lower bound
+    0.40 ... is below 0.45", never "mean 0.6667 ... is below 0.45"."""
+    low = corrected["mean_score_ci95"][0]
+    bound = (
+        f"the 95% lower bound {gates.number(low)} of the corrected mean score "
+        f"(corrected mean {gates.number(corrected['mean_score'])}, "
+        f"{corrected['labelled_items']} labelled items)"
+    )
+    if low < min_score:
+        return False, (
+            f"{bound} is below --min-score {gates.number(min_score)} (--corrected gates on "
+            "the lower bound: more labelled items narrow the interval)"
+        )
+    return True, f"{bound} >= --min-score {gates.number(min_score)}"
 
 
 def cmd_rejudge(args: argparse.Namespace) -> int:
@@ -335,7 +356,7 @@ def _rejudge_remote(
         view = wait_for_service_run(run, args.quiet)
         if view is None:
             return Exit.INTERRUPTED
-    print_run(view, False)
+    print_run(view, False, "rejudge")
     print(
         f"recallq: compare the judges with `recallq agreement {run.id} --against {args.run_id}`",
         file=sys.stderr,

@@ -20,7 +20,7 @@ from recallq.cli.backends import LocalBackend, not_found, open_local_database
 from recallq.cli.reports import REPORT_LOWEST, write_report
 from recallq.core import gates
 from recallq.core.exits import CommandError, Exit
-from recallq.core.groups import UnknownField
+from recallq.core.groups import MISSING_GROUP, UnknownField, check_field
 from recallq.core.status import RUN_ENDED, PublicItemStatus
 from recallq.execution.local_queue import LocalRunner
 from recallq.execution.runtime import Runtime
@@ -31,8 +31,10 @@ from recallq.runs.reads import RunReads
 from recallq.runs.service import RunConflict, RunService
 from recallq.settings import Settings
 from recallq.state import migrate
+from recallq.state.db import is_sqlite
 from recallq.state.runs import RunNotFound
 from recallq.viewer import text as display
+from recallq.viewer.text import database_label
 
 LOCAL_BATCH_REFUSED = (
     "--batch needs the service: a provider batch can take up to 24 hours, and a worker polls "
@@ -85,6 +87,28 @@ def rejected_file(path: Path, code: str, message: str) -> str | None:
     )
 
 
+def stored_where(settings: Settings) -> str | None:
+    """Where a local run goes when that is not where a newcomer looks: a service's database
+    (RECALLQ_DATABASE_URL names one), under the local project, which the service's API and
+    pages (a key's project) never show; or, with RECALLQ_API_URL set, a file the client
+    commands do not read unless told to (--local). None for the plain local case."""
+    url = settings.database_url
+    if not is_sqlite(url):
+        return (
+            f"this run is local: stored in {database_label(url)} (RECALLQ_DATABASE_URL) under "
+            f"the local project {local.PROJECT!r}, which the service's API and pages do not "
+            "show (`recallq runs --local` lists it); to score on the service: "
+            "`recallq submit FILE --wait`"
+        )
+    if settings.api_url:
+        return (
+            f"this run is local: stored in {database_label(url)}; with RECALLQ_API_URL set the "
+            "client commands ask the API, so pass them --local to read it (`recallq runs "
+            "--local`); to score on the service: `recallq submit FILE --wait`"
+        )
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     """`recallq run FILE`: score a file in this process; the same command again resumes."""
     if args.batch:
@@ -113,6 +137,11 @@ def run(args: argparse.Namespace) -> int:
         }
         spec = runs.RunService(runtime, local=True).spec(fields, local.PROJECT)
         migrate.upgrade(settings.database_url)
+        if args.by:
+            _check_by(args.file, mapping, args.by)
+        note = stored_where(settings)
+        if note is not None:
+            print(f"recallq: {note}", file=sys.stderr)
         argv = getattr(args, "argv", None) or sys.argv[1:]
         try:
             opened = local.open_file_run(runtime, args.file, spec, mapping, fresh=args.fresh)
@@ -161,6 +190,21 @@ def run(args: argparse.Namespace) -> int:
     finally:
         runner.stop(wait=False)
         runtime.close()
+
+
+def _check_by(path: Path, mapping: dict[str, str], by: str) -> None:
+    """--by a field no item of the file has: an error (exit 2) before anything is stored or
+    scored, not a note after the whole run. Reads the file up to the first item that has it."""
+    fields: set[str] = set()
+    for item in dataset.items_from(path, mapping=mapping):
+        metadata = item.get("metadata") or {}
+        if by in metadata:
+            return
+        fields.update(str(name) for name in metadata)
+    try:
+        check_field({MISSING_GROUP: {}}, by, lambda: fields)
+    except UnknownField as exc:
+        raise CommandError(f"--by: {exc} (nothing was scored)") from None
 
 
 def _still_to_score(runtime: Runtime, run_id: str) -> str:

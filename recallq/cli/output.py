@@ -18,13 +18,14 @@ def print_json(value: Any) -> None:
     print(json.dumps(value, indent=2, ensure_ascii=False))
 
 
-def print_run(view: dict[str, Any], as_json: bool, **summary: Any) -> None:
-    """How every command that shows a run shows it: its summary, or with --json the run
-    object."""
+def print_run(view: dict[str, Any], as_json: bool, command: str = "status", **summary: Any) -> None:
+    """How every command that shows a run shows it: its summary under the command's name
+    (`recallq cancel`, not `recallq status`, heads what a cancel left), or with --json the
+    run object."""
     if as_json:
         print_json(view)
         return
-    for line in display.summary_lines(view, title="recallq status", **summary):
+    for line in display.summary_lines(view, title=f"recallq {command}", **summary):
         print(line)
 
 

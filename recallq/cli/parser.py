@@ -16,6 +16,11 @@ from typing import Any
 from recallq.cli.reports import MAX_REPORT_LOWEST, REPORT_LOWEST
 from recallq.core.status import RunStatus
 
+#: The arguments that name a run (as a run id, or a unique start of one on the local
+#: database: recallq.cli.backends.expand_run_ids), and the commands that only ask an API.
+RUN_ID_ARGUMENTS = ("run_id", "base", "candidate", "compare", "against", "claims_from")
+API_ONLY_COMMANDS = frozenset({"submit", "delete"})
+
 
 def _command(module: str, name: str) -> Callable[[argparse.Namespace], int]:
     """The command `name` of recallq.cli.`module`, imported when it runs: `recallq --help`
@@ -182,7 +187,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="also write the run's HTML report (default file: recallq-report-RUN.html)",
     )
-    run.add_argument("--batch", action="store_true", help="refused: batch mode needs the service")
+    # kept so that `recallq run --batch` says why it is refused (local mode makes online calls
+    # only), but not listed: --help shows what the command does
+    run.add_argument("--batch", action="store_true", help=argparse.SUPPRESS)
     _add_gate(run)
     run.set_defaults(func=_command("local_runs", "run"))
 
@@ -352,6 +359,12 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("--model", help="judge model (default: RECALLQ_DEFAULT_MODEL)")
     estimate.add_argument("--context", type=_json_argument, help="static context, a JSON list")
     estimate.add_argument("--context-extractor", type=_json_argument, help="JSON extractor spec")
+    estimate.add_argument(
+        "--map",
+        action="append",
+        metavar="FIELD=TARGET",
+        help="read FIELD as TARGET, as `recallq run --map` does",
+    )
     estimate.add_argument("--json", action="store_true", help="print the estimate as JSON")
     estimate.set_defaults(func=_command("run_commands", "estimate"))
     _add_label_commands(sub)

@@ -67,7 +67,7 @@ def submit(args: argparse.Namespace) -> int:
         view = wait_for_service_run(run, args.quiet)
         if view is None:
             return Exit.INTERRUPTED
-    print_run(view, args.json)
+    print_run(view, args.json)  # as `recallq status` prints it (tests/e2e/test_cli_client.py)
     thresholds = gates.Gate.of(args)
     code, reasons = gates.exit_code(view, thresholds)
     for reason in reasons:
@@ -132,7 +132,7 @@ def compare(args: argparse.Namespace) -> int:
     if args.json:
         print_json(result)
     else:
-        for line in display.compare_lines(result):
+        for line in display.compare_lines(result, args.by):
             print(line)
     return Exit.OK
 
@@ -171,7 +171,7 @@ def cancel(args: argparse.Namespace) -> int:
         if view.get("calls_stopped") is False:
             said += " (the calls already sent were not stopped: Redis unreachable)"
     print(f"recallq: {said}", file=sys.stderr)
-    print_run(view, args.json)
+    print_run(view, args.json, "cancel")
     return Exit.OK
 
 
@@ -191,7 +191,7 @@ def retry(args: argparse.Namespace) -> int:
         f"recallq: retry run {args.run_id}: {view['retried_items']} failed items queued again",
         file=sys.stderr,
     )
-    print_run(view, False)
+    print_run(view, False, "retry")
     return Exit.OK
 
 
@@ -211,7 +211,7 @@ def resume(args: argparse.Namespace) -> int:
             f"recallq: resume run {args.run_id}: {view['resumed_items']} items queued again",
             file=sys.stderr,
         )
-        print_run(view, False)
+        print_run(view, False, "resume")
         return Exit.OK
     from recallq.cli import local_runs
 
@@ -241,6 +241,7 @@ def estimate(args: argparse.Namespace) -> int:
         print(f"recallq: no such file: {args.file}", file=sys.stderr)
         return 2
     try:
+        mapping = dataset.parse_mapping(args.map or [])
         models = load_models(settings.models_file)
         fields = {
             "model": args.model,
@@ -248,7 +249,7 @@ def estimate(args: argparse.Namespace) -> int:
             "context_extractor": args.context_extractor,
         }
         spec = runs.spec_of(fields, settings, models)
-    except (ingest.SubmissionError, JudgeModelsError) as exc:
+    except (ingest.SubmissionError, JudgeModelsError, dataset.DatasetError) as exc:
         print(f"recallq: {exc}", file=sys.stderr)
         return 2
     # the claim cache of the local database, when there is one (an estimate makes none)
@@ -256,7 +257,7 @@ def estimate(args: argparse.Namespace) -> int:
     database_file = Path(url.removeprefix("sqlite:///")) if is_sqlite(url) else None
     use_database = database_file is None or database_file.exists()
     try:
-        items = dataset.items_from(args.file)
+        items = dataset.items_from(args.file, mapping=mapping)
         if use_database:
             database = Database(url)
             try:
@@ -267,7 +268,10 @@ def estimate(args: argparse.Namespace) -> int:
         else:
             result = _estimate_without_database(spec, items, settings, models)
     except ingest.SubmissionError as exc:
-        print(f"recallq: {args.file}: {exc.message}", file=sys.stderr)
+        # a reader's error names the file and line already ("data.jsonl line 1: ...")
+        named = isinstance(exc.__cause__, dataset.DatasetError)
+        line = exc.message if named else f"{args.file}: {exc.message}"
+        print(f"recallq: {line}", file=sys.stderr)
         return 2
     except dataset.DatasetError as exc:
         print(f"recallq: {exc}", file=sys.stderr)

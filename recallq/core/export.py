@@ -7,7 +7,7 @@ from __future__ import annotations
 import csv
 import io
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -41,6 +41,33 @@ CLAIM_COLUMNS = [
     "reason",
 ]
 MEDIA_TYPES = {"jsonl": "application/x-ndjson", "csv": "text/csv", "claims.csv": "text/csv"}
+#: A CSV row and a data frame also have a column per metadata field, `metadata.NAME` (the
+#: `metadata` column keeps the whole object as JSON), so a spreadsheet filters by them.
+METADATA_COLUMN = "metadata."
+
+
+def metadata_columns(fields: Iterable[str]) -> list[str]:
+    return [METADATA_COLUMN + name for name in fields]
+
+
+def metadata_fields_of(results: Iterable[dict[str, Any]]) -> list[str]:
+    """The fields of the results' metadata objects, sorted."""
+    found: set[str] = set()
+    for result in results:
+        metadata = result.get("metadata")
+        if isinstance(metadata, dict):
+            found.update(str(name) for name in metadata)
+    return sorted(found)
+
+
+def with_metadata_columns(
+    results: Iterable[dict[str, Any]], fields: Sequence[str]
+) -> Iterator[dict[str, Any]]:
+    """Each result with a `metadata.NAME` value per field (None where it has none)."""
+    for result in results:
+        metadata = result.get("metadata")
+        values = metadata if isinstance(metadata, dict) else {}
+        yield result | {METADATA_COLUMN + name: values.get(name) for name in fields}
 
 
 def format_for(path: Path) -> str:
@@ -66,24 +93,36 @@ def claim_rows(results: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
             }
 
 
-def lines(results: Iterable[dict[str, Any]], format: str, header: bool = True) -> Iterator[str]:
+def lines(
+    results: Iterable[dict[str, Any]],
+    format: str,
+    header: bool = True,
+    metadata_fields: Sequence[str] = (),
+) -> Iterator[str]:
     """The text of `results` in `format`, a line (or CSV row) at a time. `header`: whether a
-    CSV starts with its header row (not for the second page of a stream, say)."""
+    CSV starts with its header row (not for the second page of a stream, say);
+    `metadata_fields`: the run's metadata fields, a CSV column each (every page the same)."""
     if format == "jsonl":
         for result in results:
             yield json.dumps(result, ensure_ascii=False) + "\n"
     elif format == "csv":
-        yield from _csv(results, ITEM_COLUMNS, header)
+        columns = ITEM_COLUMNS + metadata_columns(metadata_fields)
+        yield from _csv(with_metadata_columns(results, metadata_fields), columns, header)
     elif format == "claims.csv":
         yield from _csv(claim_rows(results), CLAIM_COLUMNS, header)
     else:
         raise ValueError(f"unknown format {format!r}; use one of {', '.join(FORMATS)}")
 
 
-def write(results: Iterable[dict[str, Any]], format: str, out: TextIO) -> int:
+def write(
+    results: Iterable[dict[str, Any]],
+    format: str,
+    out: TextIO,
+    metadata_fields: Sequence[str] = (),
+) -> int:
     """Write `results` to `out`; returns how many lines (rows, header included, for CSV)."""
     count = 0
-    for line in lines(results, format):
+    for line in lines(results, format, metadata_fields=metadata_fields):
         out.write(line)
         count += 1
     return count

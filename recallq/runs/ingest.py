@@ -75,11 +75,18 @@ def require_known_model(model: Any, known_models: Iterable[str]) -> str:
     known = set(known_models)
     if not isinstance(model, str) or model not in known:
         shown = ctx._clip(model)
-        raise SubmissionError(
-            f"unknown model {shown}; known models: {', '.join(sorted(known))} "
-            "(more come from the models file named by RECALLQ_MODELS_FILE)",
-            code="unknown_model",
-        )
+        if known <= {LEXICAL}:  # no models file was read where this runs
+            hint = (
+                f"no models file is loaded, so only {LEXICAL} is known: set "
+                "RECALLQ_MODELS_FILE (e.g. examples/models.yaml) where the runs are scored "
+                "(for a service, in the API's and the workers' environment)"
+            )
+        else:
+            hint = (
+                f"known models: {', '.join(sorted(known))} "
+                "(more come from the models file named by RECALLQ_MODELS_FILE)"
+            )
+        raise SubmissionError(f"unknown model {shown}; {hint}", code="unknown_model")
     return model
 
 

@@ -15,14 +15,18 @@ from typing import Any
 from sqlalchemy import (
     ColumnElement,
     SQLColumnExpression,
+    Text,
     and_,
+    cast,
+    false,
     func,
     or_,
     select,
+    true,
 )
 from sqlalchemy.orm import Session, defer
 
-from recallq.core.status import public_item_status, stored_item_statuses
+from recallq.core.status import ItemStatus, public_item_status, stored_item_statuses
 from recallq.state.tables import Claim, Item, Run
 
 _ITEM_DATA = ("input", "output", "ground_truth", "contexts", "item_metadata")
@@ -102,6 +106,12 @@ def items_page(
     return [item_view(i, claims[i.id], item_data, static) for i in items], next_index
 
 
+def _has_static_context(session: Session, run_id: str) -> bool:
+    """Whether the run has a static context (as the run's summary reads it: an empty one is
+    none)."""
+    return bool(session.scalar(select(Run.context).where(Run.id == run_id)))
+
+
 def _static_context(session: Session, run_id: str, items: list[Item]) -> list[str] | None:
     """The run's static context, read when one of these items uses it."""
     if all(item.contexts is not None for item in items):
@@ -168,6 +178,17 @@ class ItemsTable:
     searched_all: bool = False
 
 
+def no_context_condition(no_static_context: ColumnElement[bool]) -> ColumnElement[bool]:
+    """An item judged against no passage (recallq.pipeline's no-context rule): its resolved
+    context is empty, its own ([]) or, when it has none (JSON null), the run's static one
+    (`no_static_context`: whether the run has none)."""
+    own_contexts = cast(Item.contexts, Text)
+    return or_(
+        own_contexts == "[]",
+        and_(or_(Item.contexts.is_(None), own_contexts == "null"), no_static_context),
+    )
+
+
 def items_table(
     session: Session,
     run_id: str,
@@ -207,6 +228,12 @@ def items_table(
         Item.claims_attributed,
         Item.error,
         func.substr(Item.ground_truth, 1, TABLE_TEXT).label("truth"),
+        # scored without any context: the table marks it (the summary's `no_context`)
+        and_(
+            Item.status == ItemStatus.SUCCEEDED,
+            Item.ground_truth.is_not(None),
+            no_context_condition(false() if _has_static_context(session, run_id) else true()),
+        ).label("no_context"),
     )
     query = select(*columns).where(*conditions).order_by(*_order(where.sort, Item.score, Item.idx))
     if where.text:
@@ -240,8 +267,11 @@ def items_table(
             "claims_attributed": claims_attributed,
             "error": error,
             "ground_truth": truth,
+            "no_context": bool(no_context),
         }
-        for key, idx, status, score, claims_total, claims_attributed, error, truth in rows[:limit]
+        for key, idx, status, score, claims_total, claims_attributed, error, truth, no_context in (
+            rows[:limit]
+        )
     ]
     if len(rows) > limit:
         last = page[-1]
@@ -287,15 +317,17 @@ def decode_items_cursor(cursor: str, by_score: bool = False) -> ItemsCursor:
     return score, idx
 
 
-def metadata_fields(session: Session, run_id: str, sample: int = 200) -> list[str]:
-    """The metadata fields of the run's first `sample` items that carry metadata, sorted
-    (what a page offers to slice the run by)."""
+def metadata_fields(session: Session, run_id: str, sample: int | None = 200) -> list[str]:
+    """The metadata fields of the run's first `sample` items that carry metadata (None: of
+    every item: a CSV export's columns), sorted (what a page offers to slice the run by)."""
     fields: set[str] = set()
-    rows = session.scalars(
+    query = (
         select(Item.item_metadata)
         .where(Item.run_id == run_id, Item.item_metadata.is_not(None))
         .order_by(Item.idx)
-        .limit(sample)
+    )
+    rows = session.scalars(
+        (query if sample is None else query.limit(sample)).execution_options(yield_per=1000)
     )
     for metadata in rows:
         if isinstance(metadata, dict):

@@ -348,9 +348,12 @@ def write_results(runtime: Runtime, run_id: str, out: Path, format: str | None =
     from recallq.core import export
     from recallq.runs.reads import RunReads
 
-    results = RunReads.of(runtime).iter_results(run_id, PROJECT)
+    reads = RunReads.of(runtime)
+    results = reads.iter_results(run_id, PROJECT)
+    format = format or export.format_for(out)
+    fields = reads.metadata_fields(run_id, PROJECT, every=True) if format == "csv" else []
     with out.open("w", encoding="utf-8") as handle:
-        return export.write(results, format or export.format_for(out), handle)
+        return export.write(results, format, handle, fields)
 
 
 def default_concurrency(settings: Settings, model: str) -> int:

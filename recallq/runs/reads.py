@@ -35,6 +35,19 @@ if TYPE_CHECKING:
     from recallq.execution.runtime import Runtime
 
 
+#: Runs an ambiguous id prefix names, at most, in its error.
+AMBIGUOUS_SHOWN = 5
+
+
+class AmbiguousRunId(LookupError):
+    """A run id prefix that more than one run's id starts with."""
+
+    def __init__(self, prefix: str, matches: list[str]) -> None:
+        shown = ", ".join(matches[:AMBIGUOUS_SHOWN])
+        more = " ..." if len(matches) > AMBIGUOUS_SHOWN else ""
+        super().__init__(f"run id {prefix!r} is the start of several runs' ids: {shown}{more}")
+
+
 class RunReads:
     """The reads of runs in one database (see the module docstring). `waiting` says why runs
     of a model cannot make progress now (Runtime.waiting: it asks Redis); without it, as for
@@ -63,6 +76,29 @@ class RunReads:
         """The project's run (RunNotFound for another project's or none)."""
         with self.database.session() as session:
             return self._run(session, run_id, project)
+
+    def expand_id(self, prefix: str, project: str) -> str:
+        """The id of the project's one run whose id is `prefix` or starts with it (what a
+        person copies from `recallq runs`: the first 8 characters). `prefix` itself when no
+        run matches (the read that follows says it is not found); AmbiguousRunId, naming
+        them, when several do."""
+        if not plausible_id(prefix) or not prefix:
+            return prefix
+        with self.database.session() as session:
+            if find_run(session, prefix, project) is not None:
+                return prefix
+            pattern = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+            found = list(
+                session.scalars(
+                    select(Run.id)
+                    .where(Run.project == project, Run.id.like(pattern, escape="\\"))
+                    .order_by(Run.id)
+                    .limit(AMBIGUOUS_SHOWN + 1)
+                )
+            )
+        if len(found) > 1:
+            raise AmbiguousRunId(prefix, found)
+        return found[0] if found else prefix
 
     def view(
         self, run_id: str, project: str, *, by: str | None = None, details: bool = True
@@ -168,10 +204,11 @@ class RunReads:
             self._run(session, run_id, project)
             return item_views.items_table(session, run_id, where, limit, after)
 
-    def metadata_fields(self, run_id: str, project: str) -> list[str]:
+    def metadata_fields(self, run_id: str, project: str, every: bool = False) -> list[str]:
+        """The metadata fields of the run's first items (`every`: of all its items)."""
         with self.database.session() as session:
             self._run(session, run_id, project)
-            return item_views.metadata_fields(session, run_id)
+            return item_views.metadata_fields(session, run_id, None if every else 200)
 
     def results(
         self, run_id: str, after: int | None, limit: int, item_data: bool = True

@@ -30,6 +30,7 @@ from recallq.core import compare as ab
 from recallq.core.outcomes import Stage
 from recallq.core.status import ITEM_IN_FLIGHT, RUN_ACTIVE, ItemStatus
 from recallq.core.usage import NO_USAGE, Usage
+from recallq.runs.item_views import no_context_condition
 from recallq.state import kept
 from recallq.state.db import Database
 from recallq.state.tables import Item, Run, utcnow
@@ -58,16 +59,7 @@ def _aggregate_columns(
     whether the run has no static context, or the runs' columns when several runs are read
     at once."""
     ok = Item.status == ItemStatus.SUCCEEDED
-    own_contexts = cast(Item.contexts, Text)
-    # an item scored against no passage (recallq.pipeline's no-context rule): its resolved
-    # context is empty, its own ([]) or, when it has none (JSON null), the run's static one
-    no_context = or_(
-        own_contexts == "[]",
-        and_(
-            or_(Item.contexts.is_(None), own_contexts == "null"),
-            no_static_context,
-        ),
-    )
+    no_context = no_context_condition(no_static_context)
 
     def total(column: Any, zero: Any = 0) -> ColumnElement[Any]:
         return func.coalesce(func.sum(column), zero)

@@ -35,11 +35,13 @@ def cost(value: float | None) -> str:
 
 def spend(usage: Mapping[str, Any] | None) -> str:
     """The cost of a run's (or a stage's) usage. Calls that cost nothing were made to a model
-    the models file gives no price: "not priced", not a "$0.0000" that reads as free."""
+    the models file gives no price: "not priced", not a "$0.0000" that reads as free; and no
+    call at all (a stage the claim cache served, the lexical judge) is "no calls", not a
+    "$0.0000" beside another stage's "not priced"."""
     if not usage:
         return "–"
-    if not usage.get("cost_usd") and usage.get("llm_calls"):
-        return "not priced"
+    if not usage.get("cost_usd"):
+        return "not priced" if usage.get("llm_calls") else "no calls"
     return cost(usage.get("cost_usd"))
 
 

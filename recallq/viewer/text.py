@@ -16,6 +16,7 @@ from recallq.core.gates import number
 from recallq.core.redact import redact_url
 from recallq.core.status import RUN_ACTIVE, PublicItemStatus
 from recallq.judge.models import LEXICAL
+from recallq.viewer.formatting import spend
 
 BAR_WIDTH = 20
 MAX_FAILURE_LINES = 10
@@ -43,6 +44,11 @@ def database_label(url: str) -> str:
 
 def _score(value: float | None) -> str:
     return "-" if value is None else number(value)
+
+
+def _fixed(value: float | None) -> str:
+    """A mean in a table's column: always 4 decimals, so the column lines up and reads alike."""
+    return "-" if value is None else f"{value:.4f}"
 
 
 def _rows(rows: Sequence[tuple[str, str]], indent: str = "  ") -> list[str]:
@@ -160,7 +166,7 @@ def group_lines(by: str, groups: dict[str, dict[str, Any]]) -> list[str]:
     for name, group in groups.items():
         lines.append(
             f"  {name:<{width}}  {group['items']:>6}  {group['scored_items']:>6}  "
-            f"{group['failed']:>6}  {_score(group['mean_score'])}"
+            f"{group['failed']:>6}  {_fixed(group['mean_score']):>10}"
         )
     return lines
 
@@ -206,10 +212,9 @@ def summary_lines(
         rows.append(
             ("tokens", f"{usage['prompt_tokens']} prompt, {usage['completion_tokens']} completion")
         )
-    if usage.get("cost_usd"):
-        rows.append(("cost_usd", f"{usage['cost_usd']:.4f}"))
+    rows += _spend_rows(usage)
     if usage.get("claim_cache_hits"):
-        rows.append(("claim_cache_hits", str(usage["claim_cache_hits"])))
+        rows.append(("claim_cache_hits", _cache_hits(usage["claim_cache_hits"], counts)))
     pause = paused(view)
     if pause:
         rows.append(("waiting", pause))
@@ -223,6 +228,36 @@ def summary_lines(
     if by is not None and groups is not None:
         lines += ["", f"by {by}", *group_lines(by, groups)]
     return lines
+
+
+def _cache_hits(hits: int, counts: dict[str, int]) -> str:
+    """Items whose claims came from the claim cache: taken when an item's extraction ran, so
+    a run stopped early counts items it never scored (200 hits beside 8 scored); say so."""
+    said = f"{count(hits, 'item')} took claims from the claim cache (no extraction call)"
+    ended = counts[PublicItemStatus.SUCCEEDED] + counts[PublicItemStatus.FAILED]
+    if hits > ended:
+        said += ", scored or not"
+    return said
+
+
+def _spend_rows(usage: dict[str, Any]) -> list[tuple[str, str]]:
+    """What the run cost, in all and per stage, as the run page says it ("not priced" for a
+    model the models file gives no price, "no calls" for a stage that made none)."""
+    if not usage.get("llm_calls") and not usage.get("cost_usd"):
+        return []
+
+    def cost(spent: dict[str, Any]) -> str:
+        return f"{spent['cost_usd']:.4f}" if spent.get("cost_usd") else spend(spent)
+
+    rows = [("cost_usd", cost(usage))]
+    for stage, spent in (usage.get("by_stage") or {}).items():
+        if not spent.get("llm_calls") and not spent.get("cost_usd"):
+            rows.append((f"  {stage}", "no calls"))  # a stage the claim cache served, say
+            continue
+        tokens = spent.get("prompt_tokens", 0) + spent.get("completion_tokens", 0)
+        calls = count(spent.get("llm_calls", 0), "call")
+        rows.append((f"  {stage}", f"{calls}, {tokens} tokens, cost_usd {cost(spent)}"))
+    return rows
 
 
 #: The judge of `recallq run` without --model: words matched, no model asked.
@@ -297,8 +332,9 @@ def runs_table(views: Sequence[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def compare_lines(result: dict[str, Any]) -> list[str]:
-    """A comparison of a candidate run with a base run (the body of GET /v1/compare)."""
+def compare_lines(result: dict[str, Any], by: str | None = None) -> list[str]:
+    """A comparison of a candidate run with a base run (the body of GET /v1/compare); `by`:
+    the metadata field of its `by_group` table."""
     base, candidate = result.get("base_run") or {}, result.get("candidate_run") or {}
     unmatched = result["unmatched"]
     ci = result["ci95"]
@@ -363,12 +399,13 @@ def compare_lines(result: dict[str, Any]) -> list[str]:
                 lines.append(f"      {flip['base']} -> {flip['candidate']}: {flip['claim']}")
     by_group = result.get("by_group")
     if by_group:
-        width = max(len(name) for name in by_group)
-        lines += ["", "by group", f"  {'group':<{width}}  matched  base_mean  candidate_mean"]
+        field = by or "group"
+        width = max(len(field), *(len(name) for name in by_group))
+        lines += ["", f"by {field}", f"  {field:<{width}}  matched  base_mean  candidate_mean"]
         for name, group in by_group.items():
             lines.append(
-                f"  {name:<{width}}  {group['matched']:>7}  {_score(group['base_mean']):>9}  "
-                f"{_score(group['candidate_mean']):>14}"
+                f"  {name:<{width}}  {group['matched']:>7}  {_fixed(group['base_mean']):>9}  "
+                f"{_fixed(group['candidate_mean']):>14}"
             )
     return lines
 

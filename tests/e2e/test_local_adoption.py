@@ -540,7 +540,7 @@ def test_runs_status_results_compare_and_gate_on_the_local_database(tmp_path: Pa
     assert compared["claims_flipped"] == {"no_to_yes": 20, "yes_to_no": 0}
     assert compared["largest_changes"][0]["flipped"][0]["candidate"] == "yes"
     text = recallq("compare", base, candidate, "--by", "tier", cwd=tmp_path).stdout
-    assert "mean_difference  +0.2500" in text and "20 improved" in text and "by group" in text
+    assert "mean_difference  +0.2500" in text and "20 improved" in text and "by tier" in text
 
     claims = recallq("results", base, "--format", "claims.csv", cwd=tmp_path)
     rows = list(csv.DictReader(io.StringIO(claims.stdout)))
@@ -707,11 +707,13 @@ def test_by_a_field_no_item_has_lists_the_fields_that_exist(tmp_path: Path) -> N
         for n in range(3)
     ]
     data = _jsonl(tmp_path / "topics.jsonl", items)
-    done = recallq("run", str(data), "--by", "topc", "--quiet", cwd=tmp_path)
-    assert done.returncode == 0, done.stderr  # the run is scored; the slice is refused
+    refused = recallq("run", str(data), "--by", "topc", "--quiet", cwd=tmp_path)
+    # refused before anything is scored (issue 28.7: it used to score the run and exit 0)
+    assert refused.returncode == 2 and refused.stdout == ""
     message = "no item has the metadata field 'topc'; the items' fields: lang, topic"
-    assert f"recallq: --by: {message}" in done.stderr
-    assert "(missing)" not in done.stdout
+    assert f"recallq: --by: {message} (nothing was scored)" in refused.stderr
+    done = recallq("run", str(data), "--quiet", cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
     run_id = done.stdout.split("run                ")[1].split()[0]
     status = recallq("status", run_id, "--by", "topc", cwd=tmp_path)
     assert status.returncode == 2 and status.stderr == f"recallq: {message}\n"

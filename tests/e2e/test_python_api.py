@@ -121,6 +121,7 @@ def test_a_dataframe_in_and_out(database: str) -> None:
         "ground_truth",
         "context",
         "metadata",
+        "metadata.category",
     ]
     assert list(table["score"]) == [0.5, 1.0, 0.0, 0.0]
     assert table.loc[0, "metadata"] == {"category": "metal"} and table.loc[3, "metadata"] is None

@@ -159,6 +159,8 @@ def test_results_with_and_without_item_data_and_per_claim(api: str, score) -> No
         )
     )
     assert json.loads(item_rows[0]["metadata"]) == {"tag": 1} and item_rows[1]["metadata"] == ""
+    # and a column per metadata field (issue 28.7), as the local export and to_pandas() have
+    assert [row["metadata.tag"] for row in item_rows] == ["1", ""]
     view = httpx.get(f"{api}/v1/runs/{run_id}", params={"by": "tag"}).json()
     assert view["by_group"] == {
         "(missing)": {"items": 1, "scored_items": 1, "failed": 0, "mean_score": 1.0},

@@ -86,7 +86,7 @@ def _rejudge(api: str, env: dict[str, str], key: str, run_id: str) -> str:
     assert done.returncode == 0, done.stderr
     (run_id_line,) = [line for line in done.stderr.splitlines() if line.startswith("recallq: run ")]
     new = run_id_line.removeprefix("recallq: run ").strip()
-    assert "recallq status" in done.stdout and new in done.stdout  # the summary, as submit --wait
+    assert "recallq rejudge" in done.stdout and new in done.stdout  # the summary, as submit --wait
     view = httpx.get(f"{api}/v1/runs/{new}", headers=bearer(key)).json()
     assert view["counts"]["succeeded"] == N_ITEMS and view["name"].startswith("rejudge of")
     return new

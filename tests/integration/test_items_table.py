@@ -185,9 +185,15 @@ def test_rows_carry_what_the_table_shows(database: Database, scored: str) -> Non
         "claims_attributed",
         "error",
         "ground_truth",
+        "no_context",
     }
     assert row["score"] == 1.0 and row["claims_attributed"] == row["claims_total"] == 3
     assert len(row["ground_truth"]) <= item_views.TABLE_TEXT
+    # items scored without any context are marked (issue 28.7): on Postgres as on SQLite
+    with database.session() as session:
+        every = item_views.items_table(session, scored, item_views.ItemFilter(), 100).rows
+    marked = {row["id"] for row in every if row["no_context"]}
+    assert marked == {f"q{i}" for i in range(0, 40, 4)}
 
 
 def test_cursors_the_table_did_not_make_are_refused() -> None:

@@ -190,8 +190,8 @@ def test_summary_by_group() -> None:
     lines = display.summary_lines(view(), by="topic", groups=groups)
     assert lines[-3:] == [
         "  topic       items  scored  failed  mean_score",
-        "  a               3       3       0  0.5",
-        "  (missing)       1       0       1  -",
+        "  a               3       3       0      0.5000",
+        "  (missing)       1       0       1           -",
     ]
 
 

@@ -283,7 +283,7 @@ def test_spend_says_not_priced_for_calls_that_cost_nothing() -> None:
     from recallq.viewer.formatting import spend
 
     assert spend({"llm_calls": 78, "cost_usd": 0.0}) == "not priced"
-    assert spend({"llm_calls": 0, "cost_usd": 0.0}) == "$0.0000"  # no call (local/lexical)
+    assert spend({"llm_calls": 0, "cost_usd": 0.0}) == "no calls"  # local/lexical, a cached stage
     assert spend({"llm_calls": 3, "cost_usd": 0.0123}) == "$0.0123"
     assert spend({"llm_calls": 3, "cost_usd": 12.5}) == "$12.50"
     assert spend(None) == "–"

@@ -13,9 +13,11 @@ import os
 import random
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from recallq import patches
+from recallq.coordination.after_answer import after_answer
 from recallq.coordination.breaker import CircuitBreaker, Open, Probe
 from recallq.coordination.call_gate import CallGate
 from recallq.coordination.ratelimit import RateLimiter
@@ -253,16 +255,20 @@ class LLMJudge:
                 raise
             answered = "repaired" if repair else "answered"
             metrics.judge_call(self.name, stage, answered, time.monotonic() - sent)
-            self._breaker.record_success(self.name, probe)
+            record = partial(self._breaker.record_success, self.name, probe)
+            after_answer("the circuit breaker's record", record)
             return response
 
         response, attempts = call_with_backoff(attempt, self._policy)
         reported = getattr(response, "usage", None)
         prompt = getattr(reported, "prompt_tokens", 0) or 0
         completion = getattr(reported, "completion_tokens", 0) or 0
-        self._limiter.settle(self.name, estimate, prompt + completion)
+        # the answer was billed: nothing after it may drop it (recallq.coordination.after_answer)
+        settle = partial(self._limiter.settle, self.name, estimate, prompt + completion)
+        after_answer("the rate limiter's correction", settle)
         cost = float(response._hidden_params.get("response_cost") or 0.0) if self._priced else 0.0
-        self._gate.charge(run_id, cost, prompt + completion)
+        tokens = prompt + completion
+        after_answer("the run's spend", partial(self._gate.charge, run_id, cost, tokens))
         metrics.judge_usage(self.name, stage, prompt, completion, cost)
         choice = response.choices[0]
         usage = Usage(1, prompt, completion, cost) + attempts

@@ -113,6 +113,13 @@ class PostgresCluster:
             capture_output=True,
         )
 
+    def halt(self) -> None:
+        """Stopped (fast shutdown: open connections are cut), its data kept: an outage that
+        `start()` ends."""
+        subprocess.run(
+            _as_postgres_user([*self._ctl, "-m", "fast", "stop"]), check=True, capture_output=True
+        )
+
     def stop(self) -> None:
         subprocess.run(_as_postgres_user([*self._ctl, "-m", "immediate", "stop"]), check=False)
         shutil.rmtree(self.dir, ignore_errors=True)

@@ -45,18 +45,23 @@ def answered_calls(stub, tag: str) -> list[dict[str, Any]]:
 
 
 def settled_run(
-    api: str, run_id: str, answered: Callable[[], list[Any]], quiet_s: float = 3.0
+    api: str,
+    run_id: str,
+    expected: Callable[[], int],
+    counted: Callable[[dict[str, Any]], int] = lambda run: run["usage"]["llm_calls"],
+    quiet_s: float = 3.0,
 ) -> dict[str, Any]:
-    """The run once its usage counts every answered call, or else once its usage and the
-    count of answered calls have not changed for `quiet_s`: usage can land after the run
-    completed (a refused write of a worker that went on after a pause, usage kept through a
+    """The run once what it `counted` (by default its calls) is what the provider says it
+    should be (`expected`, by default the stub's count of answered calls), or else once
+    neither has changed for `quiet_s`: usage can land after the run completed (a refused write
+    of a worker that went on after a pause or was taken for dead, usage kept through a
     database outage and written at the next heartbeat)."""
     last: tuple[int, int] | None = None
     since = time.monotonic()
     deadline = since + 120
     while True:
         run = httpx.get(f"{api}/v1/runs/{run_id}", timeout=30).json()
-        seen = (run["usage"]["llm_calls"], len(answered()))
+        seen = (counted(run), expected())
         if seen[0] == seen[1] or time.monotonic() > deadline:
             return run
         if seen != last:

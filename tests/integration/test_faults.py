@@ -134,7 +134,7 @@ def test_sigkilled_workers_lose_and_duplicate_nothing(api, workers, fault_env, c
         victim.kill()  # mid-run: items in flight, messages unacknowledged
     workers.append(start_worker(fault_env, concurrency=8))
     wait_for_run(api, run_id, timeout=180)
-    run = settled_run(api, run_id, lambda: answered_calls(clean_stub, "k"))
+    run = settled_run(api, run_id, lambda: len(answered_calls(clean_stub, "k")))
     answered = calls_for_tag(clean_stub, "k")
     assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run, answered, crashed=True)
     assert any(
@@ -150,7 +150,7 @@ def test_redis_restart_mid_run(api, workers, fault_env, clean_stub) -> None:
     wait_until(lambda: progress(api, run_id) >= 10, timeout=90)
     redis_server().restart()  # no persistence: every queued message is gone
     wait_for_run(api, run_id, timeout=180)
-    run = settled_run(api, run_id, lambda: answered_calls(clean_stub, "x"))
+    run = settled_run(api, run_id, lambda: len(answered_calls(clean_stub, "x")))
     answered = calls_for_tag(clean_stub, "x")
     assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run, answered, repeated=True)
 
@@ -163,7 +163,7 @@ def test_postgres_restart_mid_run(api, workers, fault_env, clean_stub, postgres)
     postgres.restart()
     wait_until(lambda: _api_answers(api, run_id), timeout=60)
     wait_for_run(api, run_id, timeout=180)
-    run = settled_run(api, run_id, lambda: answered_calls(clean_stub, "p"))
+    run = settled_run(api, run_id, lambda: len(answered_calls(clean_stub, "p")))
     answered = calls_for_tag(clean_stub, "p")
     assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run, answered, repeated=True)
 
@@ -195,7 +195,7 @@ def test_usage_counts_every_answered_call_through_outages(
         postgres.start()
     wait_until(lambda: _api_answers(api, run_id), timeout=60)
     wait_for_run(api, run_id, timeout=180)
-    run = settled_run(api, run_id, lambda: answered_calls(clean_stub, "u"))
+    run = settled_run(api, run_id, lambda: len(answered_calls(clean_stub, "u")))
     answered = calls_for_tag(clean_stub, "u")
     assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run, answered, repeated=True)
     assert redis.hlen(SPOOL_KEY) == 0

@@ -111,7 +111,7 @@ def test_a_refused_write_still_counts_its_calls(api, workers, env, clean_stub) -
     os.killpg(paused.proc.pid, signal.SIGCONT)
     paused.wait_for_output("refused: no longer owned", timeout=60)
 
-    run = settled_run(api, run_id, lambda: answered_calls(clean_stub, "w"))
+    run = settled_run(api, run_id, lambda: len(answered_calls(clean_stub, "w")))
     answered = answered_calls(clean_stub, "w")
     assert_exactly_once(env["RECALLQ_DATABASE_URL"], run, answered, repeated=True)
     assert run["usage"]["llm_calls"] == len(answered_calls(clean_stub, "w"))
@@ -134,7 +134,7 @@ def test_usage_kept_while_postgres_is_down_is_written_once_when_it_is_back(
         postgres.start()
     wait_until(lambda: redis.hlen(SPOOL_KEY) == 0, timeout=60)  # written once it is back
     run = wait_for_run(api, run_id, timeout=180)
-    run = settled_run(api, run_id, lambda: answered_calls(clean_stub, "d"))
+    run = settled_run(api, run_id, lambda: len(answered_calls(clean_stub, "d")))
     answered = answered_calls(clean_stub, "d")
     assert_exactly_once(env["RECALLQ_DATABASE_URL"], run, answered, repeated=True)
     charges = _charges(env["RECALLQ_DATABASE_URL"], run_id)

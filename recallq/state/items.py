@@ -395,13 +395,17 @@ class ItemStore:
 
     def write_spooled(self) -> int:
         """Write the usage the spool keeps (once per charge); how many charges were written.
-        Raises while the database is still down (the spool keeps them)."""
+        While the database is still down the spool keeps them, and says so once."""
 
         def write(charges: Sequence[Charge]) -> None:
             with self._db.transaction() as conn:
                 write_charges(conn, charges)
 
-        return self.spool.flush(write)
+        try:
+            return self.spool.flush(write)
+        except SQLAlchemyError as exc:
+            self.spool.waiting(exc)
+            return 0
 
     def _release_next(self, conn: Connection, run_id: str) -> tuple[int, ...]:
         """pending → queued: when a group's worth of places in a running run's dispatch

@@ -80,6 +80,7 @@ class UsageSpool:
         self._redis = redis
         self._kept: dict[str, Charge] = {}
         self._lock = threading.Lock()
+        self._said_waiting = False
 
     def keep(self, charge: Charge) -> None:
         """Keep a charge until it is written; never raises (Redis may be down too)."""
@@ -125,6 +126,7 @@ class UsageSpool:
         if not charges:
             return 0
         write(charges)
+        self._said_waiting = False
         ids = [charge.charge_id for charge in charges]
         with self._lock:
             for charge_id in ids:
@@ -132,6 +134,13 @@ class UsageSpool:
         self._forget_in_redis(ids)
         log.info("usage spool: %d kept charges written", len(charges))
         return len(charges)
+
+    def waiting(self, problem: Exception) -> None:
+        """A flush could not write (the database is still down): said once until one can."""
+        if not self._said_waiting:
+            self._said_waiting = True
+            first_line = (str(problem).splitlines() or [""])[0][:200]
+            log.warning("usage spool: kept charges wait for the database (%s)", first_line)
 
     def _forget_in_redis(self, ids: Sequence[str | bytes]) -> None:
         if self._redis is None or not ids:

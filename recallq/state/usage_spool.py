@@ -86,17 +86,18 @@ class UsageSpool:
         """Keep a charge until it is written; never raises (Redis may be down too)."""
         with self._lock:
             self._kept[charge.charge_id] = charge
-        log.info(
-            "item %d: %s usage kept until the database is back (%d calls)",
-            charge.item_id,
-            charge.stage,
-            charge.usage.llm_calls,
-        )
+            first, self._said_waiting = not self._said_waiting, True
+        if first:  # once until the charges are written
+            log.warning(
+                "usage spool: the database did not take what answered calls used (item %d "
+                "first); kept until it is back",
+                charge.item_id,
+            )
         if self._redis is not None:
             try:
                 self._redis.hset(SPOOL_KEY, charge.charge_id, charge.to_json())
             except Exception as exc:  # the memory copy stands
-                log.info("usage spool: Redis copy of a charge not kept (%s)", exc)
+                log.debug("usage spool: Redis copy of a charge not kept (%s)", exc)
 
     def pending(self) -> list[Charge]:
         """The charges kept here and in Redis (Redis's copies of this or any worker's)."""
@@ -126,9 +127,9 @@ class UsageSpool:
         if not charges:
             return 0
         write(charges)
-        self._said_waiting = False
         ids = [charge.charge_id for charge in charges]
         with self._lock:
+            self._said_waiting = False
             for charge_id in ids:
                 self._kept.pop(charge_id, None)
         self._forget_in_redis(ids)
@@ -137,8 +138,9 @@ class UsageSpool:
 
     def waiting(self, problem: Exception) -> None:
         """A flush could not write (the database is still down): said once until one can."""
-        if not self._said_waiting:
-            self._said_waiting = True
+        with self._lock:
+            first, self._said_waiting = not self._said_waiting, True
+        if first:
             first_line = (str(problem).splitlines() or [""])[0][:200]
             log.warning("usage spool: kept charges wait for the database (%s)", first_line)
 

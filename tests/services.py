@@ -113,12 +113,17 @@ class PostgresCluster:
             capture_output=True,
         )
 
-    def halt(self) -> None:
-        """Stopped (fast shutdown: open connections are cut), its data kept: an outage that
-        `start()` ends."""
+    @contextmanager
+    def down(self) -> Iterator[None]:
+        """Stopped (a fast shutdown: every session is ended) for the block, then started again:
+        a database outage."""
         subprocess.run(
             _as_postgres_user([*self._ctl, "-m", "fast", "stop"]), check=True, capture_output=True
         )
+        try:
+            yield
+        finally:
+            self.start()
 
     def stop(self) -> None:
         subprocess.run(_as_postgres_user([*self._ctl, "-m", "immediate", "stop"]), check=False)

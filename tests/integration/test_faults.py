@@ -183,16 +183,13 @@ def test_usage_counts_every_answered_call_through_outages(
     redis_server().restart()  # answers that arrive meanwhile are kept (after_answer)
     wait_until(lambda: progress(api, run_id) >= 30, timeout=120)
     wait_until(lambda: clean_stub.stats()["in_flight"] > 0, timeout=30)
-    postgres.halt()
-    try:
+    with postgres.down():
         # no call starts while the database is down; those in flight are answered, their
         # writes fail and their usage is kept
         wait_until(lambda: clean_stub.stats()["in_flight"] == 0, timeout=30)
         wait_until(lambda: redis.hlen(SPOOL_KEY) > 0, timeout=30)
         time.sleep(1)  # the last answers reach the spool
         victim.kill()
-    finally:
-        postgres.start()
     wait_until(lambda: _api_answers(api, run_id), timeout=60)
     wait_for_run(api, run_id, timeout=180)
     run = settled_run(api, run_id, lambda: len(answered_calls(clean_stub, "u")))

@@ -126,12 +126,9 @@ def test_usage_kept_while_postgres_is_down_is_written_once_when_it_is_back(
     run_id = submit(api, make_items("d", 24))
     wait_until(lambda: progress(api, run_id) >= 2, timeout=90)
     wait_until(lambda: clean_stub.stats()["in_flight"] > 0, timeout=30)
-    postgres.halt()
-    try:
+    with postgres.down():
         # the calls in flight are answered; their writes fail; their usage is kept
         wait_until(lambda: redis.hlen(SPOOL_KEY) > 0, timeout=30)
-    finally:
-        postgres.start()
     wait_until(lambda: redis.hlen(SPOOL_KEY) == 0, timeout=60)  # written once it is back
     run = wait_for_run(api, run_id, timeout=180)
     run = settled_run(api, run_id, lambda: len(answered_calls(clean_stub, "d")))

@@ -231,19 +231,9 @@ def verdict_rows(
     ]
 
 
-#: What a write adds to an item for the calls its pass made (see `charge_refused`).
-USAGE_COUNTERS = (
-    "llm_calls",
-    "prompt_tokens",
-    "completion_tokens",
-    "cost_usd",
-    "call_attempts",
-    "failed_calls",
-    "extraction_calls",
-    "extraction_prompt_tokens",
-    "extraction_completion_tokens",
-    "extraction_cost_usd",
-)
+#: What a write adds to an item for the calls its pass made (see `charge_refused`): every
+#: counter but those of the item's own moves.
+USAGE_COUNTERS = tuple(k for k in COUNTERS if k not in ("attempts", "cache_hits", "deferrals"))
 
 
 def charge_refused(conn: Connection, item_id: int, run_id: str, values: dict[str, Any]) -> None:

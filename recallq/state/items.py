@@ -219,7 +219,7 @@ class ItemStore:
         becomes a queue lease. Returns the pass with the claims stored, which are an earlier
         pass's when that one stored its claims first. The item made progress: whatever it
         waited out is over."""
-        with self._charging(taken, usage, Stage.EXTRACTION), self._db.transaction() as conn:
+        with self._charging(taken, (usage, Stage.EXTRACTION)), self._db.transaction() as conn:
             values = spent_values(usage, Stage.EXTRACTION, int(cache_hit)) | {
                 "lease_until": self.queue_lease(),
                 "waiting_since": None,
@@ -285,7 +285,7 @@ class ItemStore:
         """running → succeeded with its score, reason and the verdict of every claim; the next
         pending item of the run is queued in its place. `usage` is what `stage` spent last."""
         values = succeeded_values(outcome, usage, stage, cache_hits)
-        with self._charging(taken, usage, stage), self._db.transaction() as conn:
+        with self._charging(taken, (usage, stage)), self._db.transaction() as conn:
             if not self._write_owned(conn, taken, values, "succeed"):
                 return Skipped(SkipReason.NOT_OWNED)
             if verdicts:
@@ -296,7 +296,7 @@ class ItemStore:
     def fail(self, taken: Taken, error: str, usage: Usage, stage: Stage) -> Ended | Skipped:
         """running → failed with its error; the next pending item is queued in its place."""
         values = failed_values(error, usage, stage)
-        with self._charging(taken, usage, stage), self._db.transaction() as conn:
+        with self._charging(taken, (usage, stage)), self._db.transaction() as conn:
             if not self._write_owned(conn, taken, values, "fail"):
                 return Skipped(SkipReason.NOT_OWNED)
             return Ended(taken.run_id, self._release_next(conn, taken.run_id))
@@ -321,7 +321,7 @@ class ItemStore:
             "deferrals": 1,
             "waiting_since": waiting_since,
         }
-        with self._charging(taken, usage, stage), self._db.transaction() as conn:
+        with self._charging(taken, (usage, stage)), self._db.transaction() as conn:
             if not self._write_owned(conn, taken, values, "defer"):
                 return Skipped(SkipReason.NOT_OWNED)
         return Deferred(until)
@@ -381,16 +381,17 @@ class ItemStore:
         return bool(owned)
 
     @contextmanager
-    def _charging(self, taken: Taken, usage: Usage, stage: Stage) -> Iterator[None]:
-        """Around a write that counts `usage`: if the database does not take it (it is down),
-        the usage is kept in the spool, written once it is back, and the error goes on (the
-        task hands its items back). A write whose commit was lost on its way back may have
-        counted it after all: see docs/reliability.md."""
+    def _charging(self, taken: Taken, *spent: tuple[Usage, Stage]) -> Iterator[None]:
+        """Around a write that counts what stages `spent`: if the database does not take it
+        (it is down), each usage is kept in the spool, written once it is back, and the error
+        goes on (the task hands its items back). A write whose commit was lost on its way back
+        may have counted it after all: see docs/reliability.md."""
         try:
             yield
         except SQLAlchemyError:
-            if usage != NO_USAGE:
-                self.spool.keep(Charge.new(taken.item_id, taken.run_id, stage, usage))
+            for usage, stage in spent:
+                if usage != NO_USAGE:
+                    self.spool.keep(Charge.new(taken.item_id, taken.run_id, stage, usage))
             raise
 
     def write_spooled(self) -> int:

@@ -117,7 +117,9 @@ class UsageSpool:
                     self._forget_in_redis([charge_id])
                     continue
                 found.setdefault(charge.charge_id, charge)
-        return sorted(found.values(), key=lambda charge: charge.answered_at)[:FLUSH_BATCH]
+        # the oldest first; written in item order, as every writer of several items locks them
+        oldest = sorted(found.values(), key=lambda charge: charge.answered_at)[:FLUSH_BATCH]
+        return sorted(oldest, key=lambda charge: (charge.item_id, charge.charge_id))
 
     def flush(self, write: Callable[[Sequence[Charge]], None]) -> int:
         """Write the charges kept (`write` counts each charge id once, in one transaction),

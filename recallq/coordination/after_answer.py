@@ -1,12 +1,16 @@
-"""Bookkeeping after the provider answered a call: it never drops the answer.
+"""Bookkeeping around a judge call: Redis failing never turns into lost usage.
 
-Once a provider has answered, the call was billed: its answer (and with it its usage) must
-reach the engine, whatever happens to the Redis bookkeeping that follows it (the call gate's
-place, the breaker's record of the success, the rate limiter's correction, the run's spend).
-A step that fails (Redis restarting, a timeout) is skipped: each is self-healing (the gate's
-place expires, the breaker's window moves on, the limiter's estimate stands, a lost spend is
-seeded again from the database). It is said once, and once again when the step works again,
-not once per call.
+After the provider answered (with an answer or an error), the call was billed: the answer (and
+with it its usage) must reach the engine, whatever happens to the Redis bookkeeping that
+follows it (the call gate's place, the breaker's record, the rate limiter's correction or
+penalty, the run's spend). A step that fails (Redis restarting, a timeout) is skipped
+(`after_answer`): each heals by itself (the gate's place expires, the breaker's window moves
+on, the limiter's estimate stands, a lost spend is seeded again from the database). It is said
+once, and once again when the step works again, not once per call.
+
+Before a call is sent, Redis that cannot be reached (`unreachable`) means the call is not
+sent: the judge raises CoordinationUnavailable, and the item waits with what its earlier calls
+used (a repair request, a re-ask, a second stage's call: their first call's usage is written).
 """
 
 from __future__ import annotations
@@ -39,3 +43,14 @@ def after_answer(what: str, step: Callable[[], object]) -> None:
             _failing.discard(what)
         if back:
             log.info("%s after an answer works again", what)
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether `exc` is Redis that cannot be reached or timed out (a judge call that meets it
+    before it is sent is not sent, and its item waits: recallq.core.errors.CoordinationUnavailable).
+    """
+    try:
+        from redis.exceptions import ConnectionError, TimeoutError
+    except ImportError:  # local mode without the service extra: no Redis to fail
+        return False
+    return isinstance(exc, ConnectionError | TimeoutError)

@@ -41,12 +41,15 @@ def heartbeat_job(worker: WorkerState) -> Periodic:
 
 
 def housekeeping_jobs(worker: WorkerState) -> list[Periodic]:
-    """The jobs that wait on the database: the hand-back, the reaper, the retention."""
+    """The jobs that wait on the database: the hand-back, the usage spool (what answered calls
+    used that an outage kept from the database: recallq.state.usage_spool), the reaper, the
+    retention."""
     current = worker.runtime
     reaper, retention = current.reaper(), current.retention()
     heartbeat = reaper.heartbeat
     return [
         Periodic("hand-back", heartbeat.interval, worker.hand_back.drain, first_after=0),
+        Periodic("usage spool", heartbeat.interval, current.items.write_spooled, first_after=0),
         Periodic(
             "reaper", reaper.interval, reaper.try_sweep, min(reaper.interval, heartbeat.interval)
         ),

@@ -24,6 +24,7 @@ from contextlib import AbstractContextManager, contextmanager
 from typing import TYPE_CHECKING, Protocol
 
 from recallq.coordination import keys, scripts
+from recallq.coordination.after_answer import after_answer
 from recallq.core.errors import JudgeError
 
 if TYPE_CHECKING:
@@ -145,8 +146,8 @@ class RedisCallGate:
             raise RunCancelled(run_id, "budget" if answer == BUDGET_REACHED else "user")
         try:
             yield
-        finally:
-            self._redis.zrem(in_flight, token)
+        finally:  # the place expires anyway: a failure must not drop an answer
+            after_answer("the call gate's release", lambda: self._redis.zrem(in_flight, token))
 
     def charge(self, run_id: str, cost_usd: float, tokens: int) -> None:
         if self._budgets.of(run_id) is not None and (cost_usd or tokens):

@@ -63,6 +63,20 @@ class ProviderUnavailable(TryLater):
     """The model's circuit breaker is open, or every attempt of this pass failed transiently."""
 
 
+class CoordinationUnavailable(TryLater):
+    """Redis, through which every call is coordinated (circuit breaker, rate limit, call gate),
+    failed before the call was sent: nothing was sent. The item waits a moment, keeping (and
+    so writing) what its earlier calls used, and goes again once Redis answers; the wait does
+    not count towards the run's retry deadline."""
+
+    counts_towards_deadline = False
+
+    def __init__(self, problem: str, delay: float = 2.0) -> None:
+        super().__init__(
+            f"shared state unavailable, call not sent: {problem}", delay, reason="Redis unavailable"
+        )
+
+
 class PermanentJudgeError(JudgeError):
     """Retrying cannot help: bad request, auth, unknown model, context window exceeded, or a
     malformed answer (MalformedAnswer)."""

@@ -44,6 +44,7 @@ from recallq.state.batched_items import BatchedItemStore
 from recallq.state.db import Database
 from recallq.state.items import ItemStore
 from recallq.state.runs import RunStore, run_budget, run_spent, stores_for
+from recallq.state.usage_spool import UsageSpool
 
 if TYPE_CHECKING:
     from redis import Redis
@@ -141,7 +142,7 @@ class Runtime:
 
     @cached_property
     def _stores(self) -> tuple[ItemStore, RunStore]:
-        return stores_for(self.database, self.settings)
+        return stores_for(self.database, self.settings, UsageSpool(self.redis))
 
     @property
     def items(self) -> ItemStore:

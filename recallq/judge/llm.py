@@ -13,13 +13,16 @@ import os
 import random
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from recallq import patches
+from recallq.coordination.after_answer import after_answer, unreachable
 from recallq.coordination.breaker import CircuitBreaker, Open, Probe
 from recallq.coordination.call_gate import CallGate
 from recallq.coordination.ratelimit import RateLimiter
 from recallq.core.errors import (
+    CoordinationUnavailable,
     JudgeError,
     MalformedAnswer,
     PermanentJudgeError,
@@ -216,9 +219,10 @@ class LLMJudge:
         stage = protocol.STAGE_OF[schema]
 
         def attempt() -> Any:
-            probe = self._may_call()
+            probe: Probe | None = None
             sent = 0.0
             try:
+                probe = self._may_call()
                 if probe is None:  # one probe goes whatever the limiter says: it must learn
                     self._limiter.acquire(self.name, estimate)
                 with self._gate.call(run_id), patches.without_litellm_callbacks():
@@ -237,32 +241,51 @@ class LLMJudge:
                 reason, retry_after = _reason(exc), _retry_after(exc)
                 if isinstance(exc, litellm.RateLimitError):
                     metrics.provider_rate_limited(self.name)
-                    self._limiter.penalise(self.name, retry_after)
-                self._breaker.record_failure(self.name, reason, retry_after, probe)
+                    penalise = partial(self._limiter.penalise, self.name, retry_after)
+                    after_answer("the rate limiter's penalty", penalise)
+                failure = partial(
+                    self._breaker.record_failure, self.name, reason, retry_after, probe
+                )
+                after_answer("the circuit breaker's record", failure)
                 raise TransientJudgeError(
                     f"{type(exc).__name__}: {_clean(exc, self._redact)}", reason, retry_after
                 ) from None  # the provider's text, unredacted, stays out of every traceback
             except _PERMANENT as exc:  # the provider answered: it is up, this call is wrong
                 metrics.judge_call(self.name, stage, "permanent_error", time.monotonic() - sent)
-                self._breaker.record_success(self.name, probe)
+                record = partial(self._breaker.record_success, self.name, probe)
+                after_answer("the circuit breaker's record", record)
                 message = f"{type(exc).__name__}: {_clean(exc, self._redact)}"
                 raise PermanentJudgeError(message) from None
             except JudgeError:  # not sent (no rate-limit room, a cancelled run)
                 if probe is not None:
                     self._breaker.release(self.name, probe)
                 raise
+            except Exception as exc:
+                if sent or not unreachable(exc):
+                    raise
+                # Redis failed before the call went: nothing was sent. The item waits (its
+                # earlier calls' usage is written with it) instead of losing that usage.
+                if probe is not None:
+                    after_answer(
+                        "the probe's release", partial(self._breaker.release, self.name, probe)
+                    )
+                raise CoordinationUnavailable(f"{type(exc).__name__}: {exc}") from None
             answered = "repaired" if repair else "answered"
             metrics.judge_call(self.name, stage, answered, time.monotonic() - sent)
-            self._breaker.record_success(self.name, probe)
+            record = partial(self._breaker.record_success, self.name, probe)
+            after_answer("the circuit breaker's record", record)
             return response
 
         response, attempts = call_with_backoff(attempt, self._policy)
         reported = getattr(response, "usage", None)
         prompt = getattr(reported, "prompt_tokens", 0) or 0
         completion = getattr(reported, "completion_tokens", 0) or 0
-        self._limiter.settle(self.name, estimate, prompt + completion)
+        # the answer was billed: nothing after it may drop it (recallq.coordination.after_answer)
+        settle = partial(self._limiter.settle, self.name, estimate, prompt + completion)
+        after_answer("the rate limiter's correction", settle)
         cost = float(response._hidden_params.get("response_cost") or 0.0) if self._priced else 0.0
-        self._gate.charge(run_id, cost, prompt + completion)
+        tokens = prompt + completion
+        after_answer("the run's spend", partial(self._gate.charge, run_id, cost, tokens))
         metrics.judge_usage(self.name, stage, prompt, completion, cost)
         choice = response.choices[0]
         usage = Usage(1, prompt, completion, cost) + attempts

@@ -36,9 +36,10 @@ Items of batch-mode runs (BatchedItemStore, written by the provider batch lane)
 
 A stage writes only while its pass still owns the item: its owner token and status are checked
 in the UPDATE itself, so a stale or duplicate copy of a stage writes nothing (no second set of
-claims, no usage counted twice). When a pass lost the item because its run was cancelled, the
-calls it made were still sent and billed: their usage counts on the cancelled item, and nothing
-else of the pass is written.
+claims, no usage counted twice). When a pass lost the item (its run was cancelled, another
+pass took it over), the calls it made were still sent and billed: their usage counts on the
+item, and nothing else of the pass is written. Usage a write could not store because the
+database was down is kept and written once it is back, once per charge (usage_spool).
 
 The hot path uses Core statements built once, with bound parameters (building SQLAlchemy
 expressions per call cost more CPU than running them); a statement that stands alone runs

@@ -5,6 +5,7 @@ and failure. Only the stores (recallq.state.items, batched_items, runs) import i
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any, cast
 
@@ -15,7 +16,9 @@ from sqlalchemy import (
     Table,
     Update,
     bindparam,
+    delete,
     func,
+    or_,
     select,
     update,
 )
@@ -29,12 +32,15 @@ from recallq.core.scoring import Outcome, Verdict
 from recallq.core.status import ITEM_IN_FLIGHT, ItemStatus
 from recallq.core.usage import Usage
 from recallq.observability import metrics
-from recallq.state.tables import Claim, Item, Run, utcnow
+from recallq.state.tables import Claim, Item, KeptView, Run, UsageCharge, utcnow
+from recallq.state.usage_spool import Charge
 
-items, runs, claims_table = (
+items, runs, claims_table, kept_views, usage_charges = (
     cast(Table, Item.__table__),
     cast(Table, Run.__table__),
     cast(Table, Claim.__table__),
+    cast(Table, KeptView.__table__),
+    cast(Table, UsageCharge.__table__),
 )
 
 IN_FLIGHT = (
@@ -225,9 +231,75 @@ def verdict_rows(
     ]
 
 
+#: What a write adds to an item for the calls its pass made (see `charge_refused`): every
+#: counter but those of the item's own moves.
+USAGE_COUNTERS = tuple(k for k in COUNTERS if k not in ("attempts", "cache_hits", "deferrals"))
+
+
+def charge_refused(conn: Connection, item_id: int, run_id: str, values: dict[str, Any]) -> None:
+    """A write that found the item no longer its pass's (its run was cancelled, another pass
+    took it over after this one's worker was taken for dead, a duplicate message ran it): the
+    calls the pass made were still sent and billed, so their usage counts on the item, whatever
+    its state, and nothing else of the write does."""
+    spent = {k: values[k] for k in USAGE_COUNTERS if values.get(k)}
+    if spent and update_item(conn, item_id, spent):
+        forget_kept_views(conn, run_id)
+
+
 def charge_cancelled(conn: Connection, item_id: int, values: dict[str, Any]) -> None:
-    """A write that found the item no longer its own because its run was cancelled: the calls
-    it made were still sent and billed, so their usage counts on the cancelled item."""
+    """A batch lane write that found the item no longer batched because its run was cancelled:
+    the calls it made were still sent and billed, so their usage counts on the cancelled item."""
     spent = {k: v for k, v in values.items() if k in COUNTERS and k != "attempts" and v}
     if spent:
         update_item(conn, item_id, spent, status=ItemStatus.CANCELLED)
+
+
+def forget_kept_views(conn: Connection, run_id: str) -> None:
+    """Usage added to an item after its run completed: the run's kept views are stale."""
+    conn.execute(
+        delete(kept_views).where(
+            or_(kept_views.c.run_id == run_id, kept_views.c.other_run_id == run_id)
+        )
+    )
+
+
+@lru_cache
+def _charge_insert(dialect: str) -> Insert:
+    """A charge's row, unless its charge id was written before."""
+    statement = _insert(dialect, usage_charges).on_conflict_do_nothing()
+    return statement.returning(usage_charges.c.charge_id)
+
+
+#: The item a charge is for, locked until the charge is written (or None: deleted since).
+_CHARGED_ITEM = select(items.c.id).where(items.c.id == bindparam("item_id")).with_for_update()
+
+
+def write_charges(conn: Connection, charges: Sequence[Charge]) -> int:
+    """Add each charge's usage to its item, once per charge id (its `usage_charges` row says
+    it was written); how many were new. A charge of an item deleted since is dropped."""
+    written = 0
+    for charge in charges:
+        usage = charge.usage
+        row = {
+            "charge_id": charge.charge_id,
+            "item_id": charge.item_id,
+            "run_id": charge.run_id,
+            "stage": str(charge.stage),
+            "llm_calls": usage.llm_calls,
+            "prompt_tokens": usage.prompt_tokens,
+            "completion_tokens": usage.completion_tokens,
+            "cost_usd": usage.cost_usd,
+            "call_attempts": usage.call_attempts,
+            "failed_calls": usage.failed_calls,
+            "answered_at": datetime.fromtimestamp(charge.answered_at, UTC),
+            "written_at": utcnow(),
+        }
+        if conn.execute(_CHARGED_ITEM, {"item_id": charge.item_id}).first() is None:
+            continue  # its item was deleted (with its run) since
+        if conn.execute(_charge_insert(conn.dialect.name), row).first() is None:
+            continue  # written before
+        spent = spent_values(usage, charge.stage)
+        update_item(conn, charge.item_id, {k: spent[k] for k in USAGE_COUNTERS if k in spent})
+        forget_kept_views(conn, charge.run_id)
+        written += 1
+    return written

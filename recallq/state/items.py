@@ -5,7 +5,8 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -16,17 +17,18 @@ from sqlalchemy import (
     select,
     update,
 )
+from sqlalchemy.exc import SQLAlchemyError
 
 from recallq.core.outcomes import Deferred, Ended, Skipped, SkipReason, Stage, Taken
 from recallq.core.scoring import Outcome, Verdict
 from recallq.core.status import ITEM_ENDED, ITEM_IN_FLIGHT, ItemStatus, RunStatus
-from recallq.core.usage import Usage
+from recallq.core.usage import NO_USAGE, Usage
 from recallq.observability import metrics
 from recallq.state.claim_cache import ClaimCache
 from recallq.state.db import Database
 from recallq.state.item_writes import (
     IN_FLIGHT,
-    charge_cancelled,
+    charge_refused,
     claims_insert,
     claims_table,
     failed_values,
@@ -38,8 +40,10 @@ from recallq.state.item_writes import (
     update_items_in_id_order,
     verdict_rows,
     verdicts_upsert,
+    write_charges,
 )
 from recallq.state.tables import as_utc, utcnow
+from recallq.state.usage_spool import Charge, UsageSpool
 
 TAKE_READ = (
     select(
@@ -115,11 +119,14 @@ class ItemStore:
         queue_lease_seconds: float,
         dispatch_window: int,
         release_group: int,
+        spool: UsageSpool | None = None,
     ) -> None:
         """`dispatch_window`: items of one run queued or running at once. `release_group`: how
         many places must be free before items are released into them, so that they travel
-        (and are extracted) together."""
+        (and are extracted) together. `spool` keeps the usage of writes the database refused
+        to take (it was down) until `write_spooled` can write it."""
         self._db = database
+        self.spool = spool or UsageSpool()
         self.lease_seconds = lease_seconds
         self.queue_lease_seconds = queue_lease_seconds
         self.dispatch_window = dispatch_window
@@ -212,7 +219,7 @@ class ItemStore:
         becomes a queue lease. Returns the pass with the claims stored, which are an earlier
         pass's when that one stored its claims first. The item made progress: whatever it
         waited out is over."""
-        with self._db.transaction() as conn:
+        with self._charging(taken, (usage, Stage.EXTRACTION)), self._db.transaction() as conn:
             values = spent_values(usage, Stage.EXTRACTION, int(cache_hit)) | {
                 "lease_until": self.queue_lease(),
                 "waiting_since": None,
@@ -278,7 +285,7 @@ class ItemStore:
         """running → succeeded with its score, reason and the verdict of every claim; the next
         pending item of the run is queued in its place. `usage` is what `stage` spent last."""
         values = succeeded_values(outcome, usage, stage, cache_hits)
-        with self._db.transaction() as conn:
+        with self._charging(taken, (usage, stage)), self._db.transaction() as conn:
             if not self._write_owned(conn, taken, values, "succeed"):
                 return Skipped(SkipReason.NOT_OWNED)
             if verdicts:
@@ -289,7 +296,7 @@ class ItemStore:
     def fail(self, taken: Taken, error: str, usage: Usage, stage: Stage) -> Ended | Skipped:
         """running → failed with its error; the next pending item is queued in its place."""
         values = failed_values(error, usage, stage)
-        with self._db.transaction() as conn:
+        with self._charging(taken, (usage, stage)), self._db.transaction() as conn:
             if not self._write_owned(conn, taken, values, "fail"):
                 return Skipped(SkipReason.NOT_OWNED)
             return Ended(taken.run_id, self._release_next(conn, taken.run_id))
@@ -314,7 +321,7 @@ class ItemStore:
             "deferrals": 1,
             "waiting_since": waiting_since,
         }
-        with self._db.transaction() as conn:
+        with self._charging(taken, (usage, stage)), self._db.transaction() as conn:
             if not self._write_owned(conn, taken, values, "defer"):
                 return Skipped(SkipReason.NOT_OWNED)
         return Deferred(until)
@@ -363,16 +370,43 @@ class ItemStore:
         self, conn: Connection, taken: Taken, values: dict[str, Any], move: str
     ) -> bool:
         """Write only while this pass owns the running item (`move` names the write, for the
-        line a refusal logs). If its run was cancelled meanwhile, the calls this pass made
-        were still sent and billed: their usage counts on the cancelled item, and nothing else
-        of the pass is written."""
+        line a refusal logs). A refused write still counts the usage it carries: the calls
+        this pass made were sent and billed (recallq.state.item_writes.charge_refused)."""
         owned = update_item(
             conn, taken.item_id, values, owner=taken.owner, status=ItemStatus.RUNNING
         )
         if not owned:
             _refused(taken.item_id, move, taken.owner)
-            charge_cancelled(conn, taken.item_id, values)
+            charge_refused(conn, taken.item_id, taken.run_id, values)
         return bool(owned)
+
+    @contextmanager
+    def _charging(self, taken: Taken, *spent: tuple[Usage, Stage]) -> Iterator[None]:
+        """Around a write that counts what stages `spent`: if the database does not take it
+        (it is down), each usage is kept in the spool, written once it is back, and the error
+        goes on (the task hands its items back). A write whose commit was lost on its way back
+        may have counted it after all: see docs/reliability.md."""
+        try:
+            yield
+        except SQLAlchemyError:
+            for usage, stage in spent:
+                if usage != NO_USAGE:
+                    self.spool.keep(Charge.new(taken.item_id, taken.run_id, stage, usage))
+            raise
+
+    def write_spooled(self) -> int:
+        """Write the usage the spool keeps (once per charge); how many charges were written.
+        While the database is still down the spool keeps them, and says so once."""
+
+        def write(charges: Sequence[Charge]) -> None:
+            with self._db.transaction() as conn:
+                write_charges(conn, charges)
+
+        try:
+            return self.spool.flush(write)
+        except SQLAlchemyError as exc:
+            self.spool.waiting(exc)
+            return 0
 
     def _release_next(self, conn: Connection, run_id: str) -> tuple[int, ...]:
         """pending → queued: when a group's worth of places in a running run's dispatch

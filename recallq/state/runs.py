@@ -31,6 +31,7 @@ from recallq.state.item_writes import (
 )
 from recallq.state.items import ItemStore
 from recallq.state.tables import Item, Run, RunMode, utcnow
+from recallq.state.usage_spool import UsageSpool
 
 COMPLETE_RUN = (
     update(runs)
@@ -341,14 +342,18 @@ class RunStore:
         return str(status)
 
 
-def stores_for(database: Database, settings: Settings) -> tuple[ItemStore, RunStore]:
-    """The item and run stores of a database, set up as the settings say."""
+def stores_for(
+    database: Database, settings: Settings, spool: UsageSpool | None = None
+) -> tuple[ItemStore, RunStore]:
+    """The item and run stores of a database, set up as the settings say; `spool` keeps the
+    usage the item store could not write (default: in this process's memory only)."""
     items = ItemStore(
         database,
         settings.lease_seconds,
         settings.queue_lease_seconds,
         settings.dispatch_window,
         settings.extraction_pack,
+        spool,
     )
     return items, RunStore(database, items, settings.insert_batch_size)
 

@@ -1,7 +1,7 @@
 """Tables: runs, their items, one row per extracted claim with its verdict, the claim cache,
 the kept views of completed runs, the API keys that say which project a request acts in, and
 the provider batches of batch-mode runs with their request lines; the human labels of
-claims with the random samples drawn for labelling."""
+claims with the random samples drawn for labelling; the usage charges written late."""
 
 from __future__ import annotations
 
@@ -190,6 +190,31 @@ class BrokerEpoch(Base):
     name: Mapped[str] = mapped_column(String(16), primary_key=True)
     token: Mapped[str] = mapped_column(String(64))
     updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class UsageCharge(Base):
+    """The usage of answered judge calls that a worker could not write when they were answered
+    (the database was down), written later by recallq.state.usage_spool: one row per charge,
+    keyed by the charge id the spool gave it, so that writing a charge again (a flush whose
+    commit was lost, two workers flushing) never counts it twice."""
+
+    __tablename__ = "usage_charges"
+
+    charge_id: Mapped[str] = mapped_column(String(32), primary_key=True)
+    # deleted with its item (and so with its run)
+    item_id: Mapped[int] = mapped_column(
+        BigId, ForeignKey("items.id", ondelete="CASCADE"), index=True
+    )
+    run_id: Mapped[str] = mapped_column(String(36))
+    stage: Mapped[str] = mapped_column(String(16))
+    llm_calls: Mapped[int] = mapped_column(Integer, default=0)
+    prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
+    cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    call_attempts: Mapped[int] = mapped_column(Integer, default=0)
+    failed_calls: Mapped[int] = mapped_column(Integer, default=0)
+    answered_at: Mapped[datetime]  # when the write that should have counted it failed
+    written_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
 class ApiKey(Base):

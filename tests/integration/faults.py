@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from typing import Any
 
 import httpx
@@ -36,6 +37,38 @@ def submit(api: str, items: list[dict[str, Any]], **fields: Any) -> str:
 
 def calls_for_tag(stub, tag: str) -> list[dict[str, Any]]:
     return [c for c in stub.calls() if c["data"] and f"Sample {tag}" in json.dumps(c["data"])]
+
+
+def answered_calls(stub, tag: str) -> list[dict[str, Any]]:
+    """The calls of items tagged `tag` that the stub answered (what the provider billed)."""
+    return [c for c in calls_for_tag(stub, tag) if c["status"] == 200]
+
+
+def settled_run(
+    api: str,
+    run_id: str,
+    expected: Callable[[], int],
+    counted: Callable[[dict[str, Any]], int] = lambda run: run["usage"]["llm_calls"],
+    quiet_s: float = 3.0,
+) -> dict[str, Any]:
+    """The run once what it `counted` (by default its calls) is what the provider says it
+    should be (`expected`, by default the stub's count of answered calls), or else once
+    neither has changed for `quiet_s`: usage can land after the run completed (a refused write
+    of a worker that went on after a pause or was taken for dead, usage kept through a
+    database outage and written at the next heartbeat)."""
+    last: tuple[int, int] | None = None
+    since = time.monotonic()
+    deadline = since + 120
+    while True:
+        run = httpx.get(f"{api}/v1/runs/{run_id}", timeout=30).json()
+        seen = (counted(run), expected())
+        if seen[0] == seen[1] or time.monotonic() > deadline:
+            return run
+        if seen != last:
+            last, since = seen, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return run
+        time.sleep(0.3)
 
 
 def attempts_per_request(calls: list[dict[str, Any]]) -> Counter:
@@ -74,13 +107,18 @@ def item_rows(database_url: str, run_id: str) -> list[dict[str, Any]]:
 
 
 def assert_exactly_once(
-    database_url: str, run: dict[str, Any], answered: list[dict[str, Any]], crashed: bool = False
+    database_url: str,
+    run: dict[str, Any],
+    answered: list[dict[str, Any]],
+    crashed: bool = False,
+    repeated: bool = False,
 ) -> list[dict[str, Any]]:
     """Every item scored, each with one set of claims, and usage that counts every call the
-    provider answered for the run (`answered`, from the stub) exactly once: none counted
-    twice (a packed extraction call is counted on one of its items). When workers `crashed`,
-    calls answered to a worker that died before writing are not counted anywhere: then each
-    item is charged for at most its attribution and one extraction call."""
+    provider answered for the run (`answered`, from the stub) exactly once (a packed extraction
+    call is counted on one of its items). When calls were made again (`repeated`: a restart
+    of Redis or Postgres under the run), each still counts: the usage is still the stub's
+    count. When workers `crashed` (SIGKILL), calls in flight in a killed worker are counted
+    nowhere: the usage is at most the stub's count."""
     rows = item_rows(database_url, run["id"])
     assert run["status"] == "completed"
     assert [r["status"] for r in rows] == ["succeeded"] * len(rows), [
@@ -92,13 +130,13 @@ def assert_exactly_once(
     assert run["counts"]["succeeded"] == run["counts"]["total"] == len(rows)
     answered_ok = [c for c in answered if c["status"] == 200]
     attributions = [c for c in answered_ok if c["schema"] == "claim_attribution"]
-    if not crashed:
+    if not (crashed or repeated):
         assert len(attributions) == len(rows)  # one per item: no second attribution call
     stored = sum(r["llm_calls"] for r in rows)
     assert stored == run["usage"]["llm_calls"]
+    assert all(r["llm_calls"] >= 1 for r in rows), rows
     if crashed:
         assert stored <= len(answered_ok)
-        assert all(1 <= r["llm_calls"] <= 2 for r in rows), rows
     else:
         assert stored == len(answered_ok)
     assert run["summary"]["claims_total"] == sum(r["claims_total"] for r in rows)

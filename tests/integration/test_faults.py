@@ -3,18 +3,23 @@ restarted Redis and Postgres, cancel, and broken judge output. Real processes th
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 
 import httpx
 import pytest
+from redis import Redis
 
+from recallq.state.usage_spool import SPOOL_KEY
 from tests.integration.faults import (
+    answered_calls,
     assert_exactly_once,
     attempts_per_request,
     calls_for_tag,
     item_rows,
     make_items,
     progress,
+    settled_run,
     submit,
     wait_until,
 )
@@ -128,7 +133,8 @@ def test_sigkilled_workers_lose_and_duplicate_nothing(api, workers, fault_env, c
         wait_until(lambda t=target: progress(api, run_id) >= t, timeout=90)
         victim.kill()  # mid-run: items in flight, messages unacknowledged
     workers.append(start_worker(fault_env, concurrency=8))
-    run = wait_for_run(api, run_id, timeout=180)
+    wait_for_run(api, run_id, timeout=180)
+    run = settled_run(api, run_id, lambda: len(answered_calls(clean_stub, "k")))
     answered = calls_for_tag(clean_stub, "k")
     assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run, answered, crashed=True)
     assert any(
@@ -143,9 +149,10 @@ def test_redis_restart_mid_run(api, workers, fault_env, clean_stub) -> None:
     run_id = submit(api, make_items("x", 60))
     wait_until(lambda: progress(api, run_id) >= 10, timeout=90)
     redis_server().restart()  # no persistence: every queued message is gone
-    run = wait_for_run(api, run_id, timeout=180)
+    wait_for_run(api, run_id, timeout=180)
+    run = settled_run(api, run_id, lambda: len(answered_calls(clean_stub, "x")))
     answered = calls_for_tag(clean_stub, "x")
-    assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run, answered, crashed=True)
+    assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run, answered, repeated=True)
 
 
 def test_postgres_restart_mid_run(api, workers, fault_env, clean_stub, postgres) -> None:
@@ -155,9 +162,40 @@ def test_postgres_restart_mid_run(api, workers, fault_env, clean_stub, postgres)
     wait_until(lambda: progress(api, run_id) >= 10, timeout=90)
     postgres.restart()
     wait_until(lambda: _api_answers(api, run_id), timeout=60)
-    run = wait_for_run(api, run_id, timeout=180)
+    wait_for_run(api, run_id, timeout=180)
+    run = settled_run(api, run_id, lambda: len(answered_calls(clean_stub, "p")))
     answered = calls_for_tag(clean_stub, "p")
-    assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run, answered, crashed=True)
+    assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run, answered, repeated=True)
+
+
+def test_usage_counts_every_answered_call_through_outages(
+    api, workers, fault_env, clean_stub, postgres
+) -> None:
+    """A Redis restart, then a Postgres outage in which a worker is SIGKILLed once the calls
+    it had in flight were answered (it holds no call, only usage kept for the database, whose
+    copy in Redis outlives it): the run's usage is the stub's count of answered calls."""
+    clean_stub.configure(latency_ms=300)
+    victim = start_worker(fault_env, concurrency=8)
+    workers += [victim, start_worker(fault_env, concurrency=8)]
+    redis = Redis.from_url(fault_env["RECALLQ_REDIS_URL"])
+    run_id = submit(api, make_items("u", 80))
+    wait_until(lambda: progress(api, run_id) >= 10, timeout=90)
+    redis_server().restart()  # answers that arrive meanwhile are kept (after_answer)
+    wait_until(lambda: progress(api, run_id) >= 30, timeout=120)
+    wait_until(lambda: clean_stub.stats()["in_flight"] > 0, timeout=30)
+    with postgres.down():
+        # no call starts while the database is down; those in flight are answered, their
+        # writes fail and their usage is kept
+        wait_until(lambda: clean_stub.stats()["in_flight"] == 0, timeout=30)
+        wait_until(lambda: redis.hlen(SPOOL_KEY) > 0, timeout=30)
+        time.sleep(1)  # the last answers reach the spool
+        victim.kill()
+    wait_until(lambda: _api_answers(api, run_id), timeout=60)
+    wait_for_run(api, run_id, timeout=180)
+    run = settled_run(api, run_id, lambda: len(answered_calls(clean_stub, "u")))
+    answered = calls_for_tag(clean_stub, "u")
+    assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run, answered, repeated=True)
+    assert redis.hlen(SPOOL_KEY) == 0
 
 
 def _api_answers(api: str, run_id: str) -> bool:
@@ -173,8 +211,6 @@ def test_cancel_stops_every_call(api, workers, fault_env, clean_stub) -> None:
     run_id = submit(api, make_items("c", 80))
     wait_until(lambda: progress(api, run_id) >= 5, timeout=90)
     response = httpx.post(f"{api}/v1/runs/{run_id}/cancel", timeout=60)
-    import time
-
     cancelled_at = time.time()
     assert response.status_code == 200
     run = response.json()

@@ -207,3 +207,64 @@ def test_a_malformed_answer_is_one_call_and_its_repair_is_the_callers(clean_stub
         protocol.extraction_messages(ground_truth), first.value.answer, first.value.problem
     )
     assert [m["content"] for m in calls[1]["messages"]] == [m["content"] for m in expected]
+
+
+def _judge_on_redis(stub, redis_url: str) -> LLMJudge:
+    """The stub model's judge with its breaker and call gate in Redis at `redis_url`."""
+    from redis import Redis
+
+    from recallq.coordination.breaker import RedisCircuitBreaker
+    from recallq.coordination.call_gate import RedisCallGate
+
+    redis = Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
+    params = {"model": "openai/stub-judge", "api_base": stub.base_url, "api_key": "sk-test"}
+    return LLMJudge(
+        ModelConfig("judge", params), Backoff(max_attempts=2, base_delay=0.01), Unlimited(),
+        RedisCallGate(redis, 30), RedisCircuitBreaker(redis), 30,
+    )  # fmt: skip
+
+
+def test_redis_failing_after_an_answer_keeps_the_answer(clean_stub) -> None:
+    """The call was answered (and billed): Redis going away meanwhile (the call gate's release,
+    the breaker's record) does not drop the answer, nor its usage."""
+    from tests.services import RedisServer
+
+    server = RedisServer().start()
+    try:
+        judge = _judge_on_redis(clean_stub, server.url())
+        clean_stub.configure(latency_ms=1500)
+        answers: list[object] = []
+        thread = threading.Thread(
+            target=lambda: answers.append(judge.extract_claims("Ada was born in 1815.", "r"))
+        )
+        thread.start()
+        _wait(lambda: clean_stub.stats()["in_flight"] == 1)
+        server.stop()  # while the call is in flight
+        thread.join(30)
+    finally:
+        server.stop()
+    [reply] = answers
+    assert reply.usage.llm_calls == 1 and reply.data["claims"]  # type: ignore[attr-defined]
+
+
+def test_redis_unreachable_before_a_call_sends_nothing_and_the_item_waits(clean_stub) -> None:
+    """Nothing is sent; the item waits (with what its earlier calls used, written as it
+    waits) instead of the task failing with Redis's error and losing that usage."""
+    from recallq.core.errors import CoordinationUnavailable
+    from tests.services import free_port
+
+    judge = _judge_on_redis(clean_stub, f"redis://127.0.0.1:{free_port()}/0")  # nobody there
+    with pytest.raises(CoordinationUnavailable) as raised:
+        judge.attribute(["Ada was born in 1815."], ["Ada: 1815."], "r")
+    assert clean_stub.calls() == []
+    waits = pipeline.after_error(raised.value, None, 0.0, deadline_s=60.0)
+    assert isinstance(waits, pipeline.Wait)
+
+
+def _wait(condition: Callable[[], bool], timeout: float = 30) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not met"
+        time.sleep(0.05)

@@ -28,6 +28,7 @@ TABLES = {
     "claim_labels",
     "label_samples",
     "broker_epoch",
+    "usage_charges",
 }
 
 

@@ -113,6 +113,18 @@ class PostgresCluster:
             capture_output=True,
         )
 
+    @contextmanager
+    def down(self) -> Iterator[None]:
+        """Stopped (a fast shutdown: every session is ended) for the block, then started again:
+        a database outage."""
+        subprocess.run(
+            _as_postgres_user([*self._ctl, "-m", "fast", "stop"]), check=True, capture_output=True
+        )
+        try:
+            yield
+        finally:
+            self.start()
+
     def stop(self) -> None:
         subprocess.run(_as_postgres_user([*self._ctl, "-m", "immediate", "stop"]), check=False)
         shutil.rmtree(self.dir, ignore_errors=True)

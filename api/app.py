@@ -184,8 +184,11 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
                 if status.startswith("4"):
                     response["content"] = {"application/json": {"schema": error_ref}}
             # any request may find the database out (errors.DatabaseOutage)
-            responses.setdefault("503", {"description": "Unavailable; retry after Retry-After"})
-            responses["503"]["content"] = {"application/json": {"schema": error_ref}}
+            if "503" not in responses:
+                responses["503"] = {
+                    "description": "The database cannot be reached now; retry after Retry-After",
+                    "content": {"application/json": {"schema": error_ref}},
+                }
             # any request may be one the HTTP server itself cannot parse (a NUL in a header,
             # a head too long): it answers 400 in plain text before recallq sees it
             responses.setdefault("400", {"description": "Malformed request"})

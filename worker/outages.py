@@ -84,7 +84,7 @@ class Outages:
         with self._lock:
             outage = self._out.get(service)
             if outage is None:
-                outage = self._out[service] = _Outage(time.monotonic())
+                outage = self._out[service] = _Outage(time.monotonic(), pause=self._first_pause)
                 log.warning(
                     "%s is unavailable (%s: %s): messages go back to the queue until it "
                     "answers; said again when it does",
@@ -95,16 +95,17 @@ class Outages:
             outage.failures += 1
         return True
 
-    def pause(self, exc: BaseException) -> None:
+    def pause(self, exc: BaseException) -> float:
         """Wait before a message goes back: the outage's pause, doubled by each pause up to
-        the maximum, or until its service answers again."""
+        the maximum, or until its service answers again. Returns the pause it was given."""
         service = service_of(exc)
         with self._lock:
             outage = self._out.get(service) if service else None
             if outage is None:
-                return
+                return 0.0
             wait, outage.pause = outage.pause, min(outage.pause * 2, self._max_pause)
         outage.back.wait(wait)
+        return wait
 
     def out(self) -> list[str]:
         with self._lock:

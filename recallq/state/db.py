@@ -62,7 +62,9 @@ def make_engine(url: str, pre_ping: bool = True, idle_transaction_timeout: float
     # hide_parameters: an error's text (logged) never carries the values a client sent
     if not is_sqlite(url):
         timeout_ms = round(idle_transaction_timeout * 1000)
-        connect_args: dict[str, object] = {"connect_timeout": CONNECT_TIMEOUT}
+        connect_args: dict[str, object] = {}
+        if "connect_timeout=" not in url:  # the URL's own wins
+            connect_args["connect_timeout"] = CONNECT_TIMEOUT
         if timeout_ms:
             connect_args["options"] = f"-c idle_in_transaction_session_timeout={timeout_ms}"
         return create_engine(

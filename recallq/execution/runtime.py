@@ -163,7 +163,8 @@ class Runtime:
             failure_ratio=settings.breaker_failure_ratio,
             consecutive_failures=settings.breaker_consecutive_failures,
             base_cool_down=settings.breaker_cool_down,
-            max_cool_down=settings.breaker_max_cool_down,
+            # a first wait set above the cap (15 s by default) is kept, and not doubled
+            max_cool_down=max(settings.breaker_max_cool_down, settings.breaker_cool_down),
             # a probe is dead only once its call could no longer be running
             probe_timeout=settings.request_timeout + 5.0,
         )

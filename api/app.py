@@ -84,7 +84,7 @@ def create_app(runtime: Runtime | None = None) -> FastAPI:
             "long random string, the same for every API process."
         )
     log.info("database %s", redact_url(settings.database_url))
-    errors.install(app)
+    errors.install(app, runtime.database.ping)
     _allow_header_on_405(app)
     app.include_router(router)
     app.include_router(labels.router)
@@ -183,6 +183,12 @@ def _openapi(app: FastAPI) -> dict[str, Any]:
             for status, response in responses.items():
                 if status.startswith("4"):
                     response["content"] = {"application/json": {"schema": error_ref}}
+            # any request may find the database out (errors.DatabaseOutage)
+            if "503" not in responses:
+                responses["503"] = {
+                    "description": "The database cannot be reached now; retry after Retry-After",
+                    "content": {"application/json": {"schema": error_ref}},
+                }
             # any request may be one the HTTP server itself cannot parse (a NUL in a header,
             # a head too long): it answers 400 in plain text before recallq sees it
             responses.setdefault("400", {"description": "Malformed request"})

@@ -1,5 +1,7 @@
-"""Every client error leaves as {"error": {"code", "message"}} with a 4xx status; anything
-else as a 500 of the same shape that says nothing about the request or the server.
+"""Every client error leaves as {"error": {"code", "message"}} with a 4xx status; a request
+the database could not answer (an outage) as a 503 with Retry-After, the outage logged once
+when it starts and once when the database answers again; anything else as a 500 of the same
+shape that says nothing about the request or the server.
 
 Failed requests are logged without their bodies (nothing here reads one), and every log line
 is redacted where it is made (recallq.core.redact.install_log_redaction).
@@ -7,11 +9,16 @@ is redacted where it is made (recallq.core.redact.install_log_redaction).
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
+from collections.abc import Callable
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from sqlalchemy.exc import InterfaceError, OperationalError
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from recallq.core.groups import UnknownField
@@ -21,6 +28,10 @@ from recallq.runs.service import RunConflict
 from recallq.state.runs import RunNotFound
 
 log = logging.getLogger(__name__)
+
+#: Seconds a client is asked to wait (Retry-After) when the database is out, and between two
+#: pings of it while it is.
+OUTAGE_RETRY_AFTER = 5
 
 STATUS_CODES = {
     400: "bad_request",
@@ -72,7 +83,62 @@ def _closing(request: Request, headers: dict[str, str] | None) -> dict[str, str]
     return headers
 
 
-def install(app: FastAPI) -> None:
+class DatabaseOutage:
+    """The API's view of a database outage: the first request that fails on it logs one line
+    and starts a ping every OUTAGE_RETRY_AFTER seconds; the ping that answers logs one line
+    (how long, how many requests answered 503). Requests meanwhile are answered 503."""
+
+    def __init__(self, ping: Callable[[], object]) -> None:
+        self._ping = ping
+        self.since: float | None = None
+        self.refused = 0
+
+    def failed(self, exc: Exception) -> None:
+        self.refused += 1
+        if self.since is not None:
+            return
+        self.since = time.monotonic()
+        orig = getattr(exc, "orig", None)
+        reason = " ".join(str(orig if orig is not None else exc).split())[:200]
+        log.warning(
+            "the database is unavailable (%s: %s): requests answer 503 until it is back",
+            type(orig or exc).__name__,
+            reason,
+        )
+        asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while True:
+            await asyncio.sleep(OUTAGE_RETRY_AFTER)
+            try:
+                await run_in_threadpool(self._ping)
+            except Exception:  # not yet
+                continue
+            since, self.since = self.since or time.monotonic(), None
+            log.warning(
+                "the database is back after %.0f s (%d request(s) answered 503)",
+                time.monotonic() - since,
+                self.refused,
+            )
+            self.refused = 0
+            return
+
+
+def install(app: FastAPI, ping: Callable[[], object] | None = None) -> None:
+    """The error handlers; `ping` asks the database whether it answers (the runtime's)."""
+    outage = DatabaseOutage(ping or (lambda: None))
+
+    @app.exception_handler(OperationalError)
+    @app.exception_handler(InterfaceError)
+    async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+        outage.failed(exc)
+        return error_response(
+            503,
+            "unavailable",
+            "the database cannot be reached now; retry soon",
+            _closing(request, {"Retry-After": str(OUTAGE_RETRY_AFTER)}),
+        )
+
     @app.exception_handler(HttpError)
     async def _api_error(request: Request, exc: HttpError) -> JSONResponse:
         headers = _closing(request, exc.headers)

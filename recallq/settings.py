@@ -79,7 +79,9 @@ class Settings(ClientSettings):
     breaker_failure_ratio: float = 0.5  # opens at this share of transient failures...
     breaker_consecutive_failures: int = 8  # ...or after this many in a row
     breaker_cool_down: float = 5.0  # first wait before a probe; doubles per failed probe
-    breaker_max_cool_down: float = 300.0
+    # ...up to this: a run resumes within about this long after its provider is back
+    # (docs/reliability.md), whatever the outage's length
+    breaker_max_cool_down: float = 15.0
 
     # the provider batch lane (batch-mode runs; recallq.batch.lane)
     batch_poll_interval: float = 30.0  # how often one worker polls the providers' batches

@@ -46,6 +46,7 @@ def _starts_processes(module: Path) -> bool:
 TIMING_SENSITIVE = {
     "integration/test_faults.py",
     "integration/test_incidents.py",
+    "integration/test_outage_recovery.py",
     "integration/test_lost_work_faults.py",
     "integration/test_prometheus.py",
     "integration/test_slow_clients.py",

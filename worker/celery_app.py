@@ -35,6 +35,7 @@ from recallq.observability import gauges as metrics_state
 from recallq.observability import metrics
 from recallq.runs.run_views import keep_view
 from recallq.settings import Settings
+from worker.outages import DATABASE, REDIS, Outages, quiet_rejections
 
 app = Celery("recallq", include=["worker.tasks", "worker.housekeeping"])
 
@@ -46,6 +47,7 @@ class WorkerState:
     runtime: Runtime
     held: HeldItems  # items of the messages received and not finished (for the reaper)
     hand_back: HandBack  # items of tasks that ended without settling them
+    outages: Outages  # the database or Redis out now: said once each, waited out
     stop: threading.Event = field(default_factory=threading.Event)
 
     @classmethod
@@ -53,7 +55,13 @@ class WorkerState:
         if runtime.redis is None or runtime.heartbeat is None:
             raise RuntimeError("a worker needs Redis: build its runtime with distributed()")
         worker_id = runtime.heartbeat.worker_id
-        return cls(runtime, HeldItems(runtime.redis, worker_id), HandBack(runtime.items, worker_id))
+        outages = Outages({DATABASE: runtime.database.ping, REDIS: runtime.redis.ping})
+        return cls(
+            runtime,
+            HeldItems(runtime.redis, worker_id),
+            HandBack(runtime.items, worker_id),
+            outages,
+        )
 
 
 _state: WorkerState | None = None
@@ -109,6 +117,8 @@ def start(
         )
     # the command says "ready." once for all its processes, not Celery once for each
     logging.getLogger("celery.apps.worker").addFilter(_without_ready_line)
+    # a message handed back in an outage: Outages says it once, not Celery with a traceback
+    logging.getLogger("celery.app.trace").addFilter(quiet_rejections)
 
     @signals.worker_ready.connect(weak=False)
     def _ready(**_: Any) -> None:

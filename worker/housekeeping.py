@@ -1,10 +1,13 @@
 """The worker's background threads: its heartbeat (with the messages it holds), the reaper's
 sweeps, the retention and handing back the items of tasks that a database or Redis outage
-interrupted; the provider batch lane's polls.
+interrupted; the provider batch lane's polls; the outages' probe (worker.outages: a job that
+fails for an outage says so once per outage, not with a traceback each time).
 
 Started when the worker is ready, stopped when it shuts down. Every job is a Periodic, and
-the reaper, the retention and the lane poll run at most once per interval across all workers
-(an ExclusiveTurn each; see recallq.coordination.periodic); every worker beats. The heartbeat
+the reaper, the retention, the breaker wakes and the lane poll run at most once per interval
+across all workers (an ExclusiveTurn each; see recallq.coordination.periodic); every worker
+beats. The breaker wakes (recallq.execution.breaker_wakes: a probe due, a breaker closed) are
+looked at every second in a thread of their own, not behind a sweep. The heartbeat
 beats in a thread of its own, and so does the lane poll: a job waiting on the database must
 not hold a beat back (over a 200 ms link to Postgres a sweep took seconds, longer than the
 heartbeat TTL of the multi-host tests, and the other workers took this one for dead and took
@@ -23,6 +26,7 @@ from recallq.batch.lane import BatchLane
 from recallq.coordination import keys
 from recallq.coordination.periodic import ExclusiveTurn, Periodic, run_periodically
 from worker.celery_app import WorkerState, state
+from worker.outages import PROBE_INTERVAL
 from worker.tasks import items_of
 
 log = logging.getLogger(__name__)
@@ -37,7 +41,8 @@ def heartbeat_job(worker: WorkerState) -> Periodic:
         heartbeat.beat()
         worker.held.publish()
 
-    return Periodic("heartbeat", heartbeat.interval, beat, first_after=0)
+    told = worker.outages.failed
+    return Periodic("heartbeat", heartbeat.interval, beat, first_after=0, told=told)
 
 
 def housekeeping_jobs(worker: WorkerState) -> list[Periodic]:
@@ -47,17 +52,23 @@ def housekeeping_jobs(worker: WorkerState) -> list[Periodic]:
     current = worker.runtime
     reaper, retention = current.reaper(), current.retention()
     heartbeat = reaper.heartbeat
+    told = worker.outages.failed
     return [
-        Periodic("hand-back", heartbeat.interval, worker.hand_back.drain, first_after=0),
+        Periodic("hand-back", heartbeat.interval, worker.hand_back.drain, first_after=0, told=told),
         Periodic("usage spool", heartbeat.interval, current.items.write_spooled, first_after=0),
         Periodic(
-            "reaper", reaper.interval, reaper.try_sweep, min(reaper.interval, heartbeat.interval)
+            "reaper",
+            reaper.interval,
+            reaper.try_sweep,
+            min(reaper.interval, heartbeat.interval),
+            told=told,
         ),
         Periodic(
             "retention",
             retention.interval,
             retention.try_sweep,
             min(reaper.interval, retention.interval),
+            told=told,
         ),
     ]
 
@@ -74,7 +85,7 @@ def lane_job(worker: WorkerState, lane: BatchLane) -> Periodic:
             if report.batches_created or report.batches_applied or report.adopted:
                 log.info("batch lane: %s", report)
 
-    return Periodic("batch lane poll", lane.interval, poll)
+    return Periodic("batch lane poll", lane.interval, poll, told=worker.outages.failed)
 
 
 @signals.after_setup_logger.connect
@@ -98,9 +109,14 @@ def _start(**_: Any) -> None:
     worker = state()
     beat = heartbeat_job(worker)
     beat.job()  # at once: this worker is alive before anything else happens
+    probe = Periodic("outage probe", PROBE_INTERVAL, worker.outages.probe)
+    wakes = worker.runtime.breaker_wakes()
+    woken = Periodic("breaker wakes", wakes.interval, wakes.try_sweep, told=worker.outages.failed)
     for name, jobs in (
         ("recallq-heartbeat", [beat]),
         ("recallq-housekeeping", housekeeping_jobs(worker)),
+        ("recallq-outages", [probe]),  # its own: a ping may wait its connect timeout
+        ("recallq-breaker-wakes", [woken]),
     ):
         threading.Thread(
             target=run_periodically, args=(jobs, worker.stop), name=name, daemon=True

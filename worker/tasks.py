@@ -7,7 +7,8 @@ What follows each stage is the engine's routing (Engine.go_on), as in the local 
 deferred item is the reaper's to send again when it is due.
 
 A database or Redis outage inside a task puts its message back in the queue (Reject with
-requeue) instead of failing it, so nothing is lost while a service restarts.
+requeue) instead of failing it, so nothing is lost while a service restarts; the outage is said
+once, and each message waits a doubling pause before it goes back (worker.outages).
 """
 
 from __future__ import annotations
@@ -15,30 +16,19 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
-import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import kombu.exceptions
-import redis
-import sqlalchemy.exc
 from celery.exceptions import Reject
 
 from recallq.core.outcomes import Taken
 from recallq.execution import celery_queue as broker
 from recallq.execution.celery_queue import items_named
 from worker.celery_app import app, runtime, state
+from worker.outages import OUTAGES
 
 log = logging.getLogger(__name__)
 
-OUTAGES = (
-    sqlalchemy.exc.OperationalError,
-    sqlalchemy.exc.InterfaceError,
-    redis.ConnectionError,
-    redis.TimeoutError,
-    kombu.exceptions.OperationalError,  # sending the next message with the broker down
-)
-OUTAGE_PAUSE = 2.0
 T = TypeVar("T")
 
 
@@ -59,12 +49,12 @@ def requeue_on_outage(task: Callable[..., T]) -> Callable[..., T]:
         try:
             return task(*args, **kwargs)
         except OUTAGES as exc:
-            log.warning("%s: service unavailable (%s); message goes back", task.__name__, exc)
+            worker.outages.failed(exc, task.__name__)  # said once per outage
             # This worker still holds the items it took, and it lives on: its message may come
             # back to a worker that leaves them to it, or be lost with the broker. Hand them
             # back as soon as the database answers, so the reaper sends them again then.
             worker.hand_back.add(items)
-            time.sleep(OUTAGE_PAUSE)
+            worker.outages.pause(exc)  # 2 s, doubling to 30 s; less when it is back
             raise Reject(str(exc), requeue=True) from exc
         finally:
             worker.held.finished(items)

@@ -36,17 +36,23 @@ def _check_free(host: str, port: int) -> None:
 
 
 def _check_schema(url: str) -> None:
-    """One line (exit 2) when the database's schema is missing or older than this recallq's,
-    instead of a 500 for every request (the API) or a traceback every few seconds (a worker).
-    A database not reachable now is left to the process, which retries it as it runs."""
-    from sqlalchemy.exc import SQLAlchemyError
-
+    """One line (exit 2), before anything starts, when the database does not exist or cannot
+    be reached (a process started anyway took messages only to hand them back, and logged a
+    traceback every few seconds), and when its schema is missing or older than this
+    recallq's (a 500 for every request, a traceback per message). A database lost later is
+    an outage, waited out (worker.outages, the API's 503)."""
     from recallq.state import migrate as migrations  # here: alembic is for these commands only
+    from recallq.state.db import Database, DatabaseUnavailable
 
+    database = Database(url)
     try:
-        problem = migrations.schema_problem(url)
-    except SQLAlchemyError:
-        return
+        database.ping()
+    except DatabaseUnavailable as exc:
+        hint = " (create it, then run `recallq migrate`)" if exc.missing else ""
+        raise CommandError(f"cannot use the database {database_label(url)}: {exc}{hint}") from None
+    finally:
+        database.dispose()
+    problem = migrations.schema_problem(url)
     if problem is not None:
         raise CommandError(f"{problem} ({database_label(url)}): run `recallq migrate` first")
 

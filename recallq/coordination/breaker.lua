@@ -14,6 +14,10 @@
 --                failures       failures in the window when it opened, +1 per failed probe
 --                reason         the latest failure's reason
 --                probe          the token of the probe that is out
+-- KEYS[2]  recallq:breaker-wakes, a sorted set of breaker keys scored by when workers should
+--          look at them (recallq.execution.breaker_wakes): when the next probe may go (an item
+--          is sent to be it), when a probe's deadline passes, and now when it closes (the
+--          items that waited are sent at once, not when their leases run out)
 --
 -- ARGV[1]  command: 'before' | 'record' | 'release'
 -- ARGV[2]  now, unix seconds from the caller's clock (so tests can fake it; hosts' clocks must
@@ -39,6 +43,7 @@ local base_cool_down = tonumber(ARGV[8])
 local max_cool_down = tonumber(ARGV[9])
 local probe_timeout = tonumber(ARGV[10])
 local linger = tonumber(ARGV[11])
+local wakes = KEYS[2]
 
 -- The key outlives the last moment its content matters by `linger`, then idle models vanish.
 local function expire(horizon)
@@ -61,6 +66,7 @@ if command == 'before' then
   -- the cool-down has passed (or the last probe's holder went silent): this caller probes
   local deadline = now + probe_timeout
   redis.call('HSET', key, 'status', 'half_open', 'probe', ARGV[12], 'next_probe_at', deadline)
+  redis.call('ZADD', wakes, deadline, key)
   expire(deadline)
   return {'probe', ARGV[12]}
 end
@@ -70,6 +76,7 @@ if command == 'release' then
   if s[1] == 'half_open' and s[2] == ARGV[12] then
     redis.call('HSET', key, 'status', 'open', 'next_probe_at', now)
     redis.call('HDEL', key, 'probe')
+    redis.call('ZADD', wakes, now, key)
     return 'released'
   end
   return 'ignored'
@@ -93,6 +100,7 @@ if s[1] then
   end
   if not failed then
     redis.call('DEL', key)  -- closed: window, consecutive count and cool-down all start afresh
+    redis.call('ZADD', wakes, now, key)
     return 'closed'
   end
   local cool_down = asked_cool_down
@@ -104,6 +112,7 @@ if s[1] then
     'cool_down', cool_down, 'reason', reason)
   redis.call('HDEL', key, 'probe')
   redis.call('HINCRBY', key, 'failures', 1)
+  redis.call('ZADD', wakes, next_probe_at, key)
   expire(next_probe_at)
   return 'reopened'
 end
@@ -147,6 +156,7 @@ if in_a_row >= consecutive or (calls >= min_calls and failures >= failure_ratio 
   redis.call('DEL', key)
   redis.call('HSET', key, 'status', 'open', 'since', now, 'next_probe_at', next_probe_at,
     'cool_down', cool_down, 'failures', math.max(failures, in_a_row), 'reason', reason)
+  redis.call('ZADD', wakes, next_probe_at, key)
   expire(next_probe_at)
   return 'opened'
 end

@@ -29,6 +29,14 @@ gate, so that a probe is not held by a call that never goes out)::
         raise
     breaker.record_success(model, probe)
 
+How soon a run resumes after its provider is back (issue 28): the cool-down is capped at
+`max_cool_down` (15 s by default), and in distributed mode the breaker notes in a sorted set
+(`keys.BREAKER_WAKES`) when workers should look at a model: when its next probe is due, and at
+once when it closes. A worker sweeping the due wakes (recallq.execution.breaker_wakes) sends
+one waiting item to be the probe, or, once closed, every waiting item: probes go on schedule
+instead of when the reaper happens to requeue an item, and a closed breaker's items do not
+wait for their leases to run out.
+
 The sliding window is kept in `_BUCKETS` buckets of `window_s / _BUCKETS` seconds each, so it
 slides in steps of a tenth of the window: memory per model is constant however busy it is.
 """
@@ -125,7 +133,7 @@ class BreakerSettings:
     failure_ratio: float = 0.5  # opens at this share of transient failures...
     consecutive_failures: int = 5  # ...or after this many in a row
     base_cool_down: float = 5.0  # first wait before a probe; doubles per failed probe
-    max_cool_down: float = 300.0
+    max_cool_down: float = 15.0
     probe_timeout: float = 60.0  # a probe is dead only once its call could no longer run
 
     def __post_init__(self) -> None:
@@ -189,9 +197,28 @@ class RedisCircuitBreaker:
 
     def _run(self, model: str, command: str, *args: str) -> Any:
         return self._script(
-            keys=[keys.breaker(model)],
+            keys=[keys.breaker(model), keys.BREAKER_WAKES],
             args=[command, repr(self._clock()), *self._settings_args, *args],
         )
+
+    def now(self) -> float:
+        """The breaker's clock (unix seconds)."""
+        return self._clock()
+
+    def wakes_due(self) -> bool:
+        """Whether a model's breaker has something due (a probe, or it closed): one read."""
+        now = self._clock()
+        return bool(self._redis.zrangebyscore(keys.BREAKER_WAKES, "-inf", now, start=0, num=1))
+
+    def take_due_wakes(self) -> list[str]:
+        """The models whose breakers have something due now, taken off the wakes at once (a
+        sweeper that dies with them leaves the items to their leases and the reaper)."""
+        now = self._clock()
+        with self._redis.pipeline(transaction=True) as pipe:
+            pipe.zrangebyscore(keys.BREAKER_WAKES, "-inf", now)
+            pipe.zremrangebyscore(keys.BREAKER_WAKES, "-inf", now)
+            due, _ = pipe.execute()
+        return sorted({keys.model_of_breaker(_text(key)) for key in due})
 
     def before_call(self, model: str) -> Closed | Probe | Open:
         reply: list[bytes | str] = self._run(model, "before", uuid.uuid4().hex)

@@ -59,5 +59,17 @@ def breaker(model: str) -> str:
     return f"{PREFIX}breaker:{model}"
 
 
+#: Sorted set of breaker keys (`breaker(model)`) scored by when a worker should look at
+#: them: the model's next probe is due, or its breaker closed (breaker.lua adds them).
+BREAKER_WAKES = PREFIX + "breaker-wakes"
+#: The turn of the worker sweeping the due breaker wakes this interval.
+BREAKER_WAKES_LOCK = PREFIX + "breaker-wakes-lock"
+
+
+def model_of_breaker(key: str) -> str:
+    """The model of a `breaker(model)` key."""
+    return key.removeprefix(f"{PREFIX}breaker:")
+
+
 #: Sorted set of worker ids scored by their last heartbeat (unix seconds): any worker alive?
 WORKERS = PREFIX + "workers"

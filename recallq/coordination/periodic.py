@@ -53,8 +53,9 @@ class ExclusiveTurn:
 
 class Periodic:
     """A job this process runs every `interval` seconds, the first time `first_after` seconds
-    after it is made (default: one interval). A job that raises is logged and run again at
-    its next time: an outage must not stop the loop."""
+    after it is made (default: one interval). A job that raises is run again at its next
+    time (an outage must not stop the loop), and logged with its traceback unless `told`
+    says it took care of it (a worker's outages: worker.outages, said once per outage)."""
 
     def __init__(
         self,
@@ -62,10 +63,12 @@ class Periodic:
         interval: float,
         job: Callable[[], object],
         first_after: float | None = None,
+        told: Callable[[Exception, str], bool] | None = None,
     ) -> None:
         self.name = name
         self.interval = interval
         self.job = job
+        self.told = told
         self.next_at = time.monotonic() + (interval if first_after is None else first_after)
 
     def run_if_due(self, now: float) -> bool:
@@ -74,7 +77,9 @@ class Periodic:
         self.next_at = now + self.interval
         try:
             self.job()
-        except Exception:  # an outage must not kill the thread
+        except Exception as exc:  # an outage must not kill the thread
+            if self.told is not None and self.told(exc, self.name):
+                return True
             log.warning("%s failed; again in %.1f s", self.name, self.interval, exc_info=True)
         return True
 

@@ -32,6 +32,7 @@ from recallq.coordination.liveness import Heartbeat, new_owner_token, this_proce
 from recallq.coordination.ratelimit import RateLimiter, RedisRateLimiter, Unlimited
 from recallq.core.errors import SharedStateUnavailable
 from recallq.core.redact import Redactor, redact_url
+from recallq.execution.breaker_wakes import BreakerWakes
 from recallq.execution.engine import Engine, WorkQueue
 from recallq.execution.reaper import Reaper
 from recallq.execution.retention import Retention
@@ -163,7 +164,8 @@ class Runtime:
             failure_ratio=settings.breaker_failure_ratio,
             consecutive_failures=settings.breaker_consecutive_failures,
             base_cool_down=settings.breaker_cool_down,
-            max_cool_down=settings.breaker_max_cool_down,
+            # a first wait set above the cap (15 s by default) is kept, and not doubled
+            max_cool_down=max(settings.breaker_max_cool_down, settings.breaker_cool_down),
             # a probe is dead only once its call could no longer be running
             probe_timeout=settings.request_timeout + 5.0,
         )
@@ -273,6 +275,15 @@ class Runtime:
             self.queue,
             self.settings.reaper_interval,
         )
+
+    def breaker_wakes(self) -> BreakerWakes:
+        """Sends the items that wait for a breaker when it closes or its probe is due
+        (distributed mode: the wakes are in Redis)."""
+        breaker = self.breaker
+        if not isinstance(breaker, RedisCircuitBreaker) or self.redis is None:
+            raise RuntimeError("local mode's runner sends each waiting item at its time")
+        assert self.heartbeat is not None  # distributed
+        return BreakerWakes(self.redis, breaker, self.items, self.queue, self.heartbeat.worker_id)
 
     def batch_lane(self) -> BatchLane:
         """The provider batch lane's poller (distributed mode: a worker polls it)."""

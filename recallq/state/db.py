@@ -5,6 +5,10 @@
 - `single_statement()`: one Core statement that is atomic on its own (the store's hot path).
 
 SQLite (local mode) is tuned so the threads of an in-process runner can share one file.
+
+`ping()` is one round trip, for a process about to start (`recallq api`, `recallq worker`: a
+database that does not exist or cannot be reached is one line and exit 2, before "ready.") and
+for a worker watching an outage end (worker.outages).
 """
 
 from __future__ import annotations
@@ -14,7 +18,28 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy.exc import InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+
+#: Seconds a new Postgres connection may take (libpq's connect_timeout): a host that drops
+#: packets is an error after this, not a process hanging on the system's TCP timeout.
+CONNECT_TIMEOUT = 10
+
+
+class DatabaseUnavailable(Exception):
+    """The database cannot be used now: it does not exist, or it cannot be reached. Its text
+    is the driver's reason on one line."""
+
+    @property
+    def missing(self) -> bool:
+        """The server answered, and the database is not there (create it, then migrate)."""
+        return "does not exist" in str(self)
+
+
+def _reason(exc: OperationalError | InterfaceError) -> str:
+    """The driver's message on one line, without the statement Postgres quotes under it."""
+    message = str(exc.orig).split("\nLINE ")[0] if exc.orig is not None else str(exc)
+    return " ".join(message.split()) or type(exc.orig or exc).__name__
 
 
 def is_sqlite(url: str) -> bool:
@@ -37,14 +62,18 @@ def make_engine(url: str, pre_ping: bool = True, idle_transaction_timeout: float
     # hide_parameters: an error's text (logged) never carries the values a client sent
     if not is_sqlite(url):
         timeout_ms = round(idle_transaction_timeout * 1000)
-        options = f"-c idle_in_transaction_session_timeout={timeout_ms}"
+        connect_args: dict[str, object] = {}
+        if "connect_timeout=" not in url:  # the URL's own wins
+            connect_args["connect_timeout"] = CONNECT_TIMEOUT
+        if timeout_ms:
+            connect_args["options"] = f"-c idle_in_transaction_session_timeout={timeout_ms}"
         return create_engine(
             url,
             pool_pre_ping=pre_ping,
             pool_size=10,
             max_overflow=40,
             hide_parameters=True,
-            connect_args={"options": options} if timeout_ms else {},
+            connect_args=connect_args,
         )
     engine = create_engine(
         url, connect_args={"check_same_thread": False, "timeout": 60}, hide_parameters=True
@@ -107,6 +136,16 @@ class Database:
             return
         with self.engine.connect() as conn:
             yield conn.execution_options(isolation_level="AUTOCOMMIT")
+
+    def ping(self) -> None:
+        """One round trip (a new connection when the pool has none). Raises
+        DatabaseUnavailable, saying why on one line, when the database does not exist or
+        cannot be reached."""
+        try:
+            with self.engine.connect() as conn:
+                conn.exec_driver_sql("SELECT 1")
+        except (OperationalError, InterfaceError) as exc:
+            raise DatabaseUnavailable(_reason(exc)) from None
 
     def dispose(self) -> None:
         """Close every pooled connection."""

@@ -346,6 +346,27 @@ class ItemStore:
                 skip_locked=True,
             )
 
+    def wake_waiting(self, model: str, limit: int | None = None) -> list[int]:
+        """queued → queued, due now: items of running runs of `model` that wait out a provider
+        incident (deferred, `waiting_since` set), the `limit` first by id (None: all). Its
+        breaker closed, or its next probe is due (recallq.execution.breaker_wakes); returns
+        the ids, whose messages are the caller's to send."""
+        of_model = select(runs.c.id).where(
+            runs.c.model == model, runs.c.status == RunStatus.RUNNING
+        )
+        with self._db.transaction() as conn:
+            return update_items_in_id_order(
+                conn,
+                items.c.run_id.in_(of_model.scalar_subquery()),
+                items.c.status == ItemStatus.QUEUED,
+                items.c.owner.is_(None),
+                items.c.waiting_since.is_not(None),
+                items.c.lease_until > utcnow(),
+                values={"lease_until": self.queue_lease()},
+                skip_locked=True,
+                limit=limit,
+            )
+
     def expire_lease(self, item_id: int, worker_id: str) -> None:
         """running → running, due for the reaper now (its message may be lost in an outage),
         while a pass of `worker_id` still owns it: a worker back from a partition hands back

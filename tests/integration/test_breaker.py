@@ -389,3 +389,39 @@ def test_a_client_that_decodes_responses_works_too(
     breaker.record_success(model, _probe(breaker, model))
     assert breaker.before_call(model) == Closed()
     client.close()
+
+
+def test_the_cool_down_is_capped_at_15_s_by_default() -> None:
+    from recallq.settings import Settings
+
+    assert BreakerSettings().max_cool_down == 15.0
+    assert Settings().breaker_max_cool_down == 15.0  # RECALLQ_BREAKER_MAX_COOL_DOWN
+
+
+def test_wakes_say_when_a_probe_is_due_and_when_it_closed(
+    redis_server: redis.Redis, clock: FakeClock, model: str
+) -> None:
+    """breaker.lua notes when workers should look at a model (recallq.execution.breaker_wakes
+    sends an item then): each probe's time, a probe's deadline, and now when it closes."""
+    breaker = RedisCircuitBreaker(redis_server, BreakerSettings(probe_timeout=60.0), clock=clock)
+
+    def wake() -> float | None:
+        return redis_server.zscore(keys.BREAKER_WAKES, keys.breaker(model))
+
+    _opened_by_storm(breaker, model)
+    assert wake() == _at(clock.now + 5.0)
+    assert model not in breaker.take_due_wakes()
+    for waited, cool_down in ((5.0, 10.0), (10.0, 15.0), (15.0, 15.0)):  # doubled, capped
+        clock.advance(waited)
+        assert breaker.wakes_due()
+        assert model in breaker.take_due_wakes() and wake() is None
+        probe = _probe(breaker, model)
+        assert wake() == _at(clock.now + 60.0)  # its deadline: a dead probe is replaced then
+        breaker.record_failure(model, UNAVAILABLE, probe=probe)
+        assert wake() == _at(clock.now + cool_down)
+    clock.advance(15.0)
+    breaker.take_due_wakes()
+    breaker.record_success(model, _probe(breaker, model))
+    assert breaker.state(model) is None
+    assert wake() == _at(clock.now)  # closed: its waiting items go at once
+    assert model in breaker.take_due_wakes() and wake() is None

@@ -1,5 +1,6 @@
 """Nothing lost, nothing duplicated: provider faults, a shared rate limit, killed workers,
-restarted Redis and Postgres, cancel, and broken judge output. Real processes throughout."""
+restarted Redis and Postgres, a Postgres outage, cancel, and broken judge output. Real
+processes throughout."""
 
 from __future__ import annotations
 
@@ -196,6 +197,43 @@ def test_usage_counts_every_answered_call_through_outages(
     answered = calls_for_tag(clean_stub, "u")
     assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run, answered, repeated=True)
     assert redis.hlen(SPOOL_KEY) == 0
+
+
+DB_OUTAGE_S = 20
+
+
+def test_a_postgres_outage_is_said_once_and_loses_nothing(
+    api, workers, fault_env, clean_stub, postgres
+) -> None:
+    """Issue 28: during a 30 s Postgres stop each worker logged ~340 tracebacks (a message
+    bounced about 4 times a second) and the API answered 500. Now: one line when it starts,
+    one when it is back, messages handed back at a doubling pause; the API answers 503 with
+    Retry-After; nothing lost."""
+    clean_stub.configure(latency_ms=100)
+    worker = start_worker(fault_env, concurrency=8)
+    workers.append(worker)
+    run_id = submit(api, make_items("q", 60))
+    wait_until(lambda: progress(api, run_id) >= 10, timeout=90)
+    answers: list[httpx.Response] = []
+    with postgres.down():
+        ends = time.monotonic() + DB_OUTAGE_S
+        while time.monotonic() < ends:
+            answers.append(httpx.get(f"{api}/v1/runs/{run_id}", timeout=30))
+            time.sleep(1)
+    wait_until(lambda: _api_answers(api, run_id), timeout=60)
+    run = wait_for_run(api, run_id, timeout=180)
+    answered = calls_for_tag(clean_stub, "q")
+    assert_exactly_once(fault_env["RECALLQ_DATABASE_URL"], run, answered, crashed=True)
+
+    assert {a.status_code for a in answers} == {503}, [a.status_code for a in answers]
+    assert all(a.headers["retry-after"] == "5" for a in answers)
+    assert answers[0].json()["error"]["code"] == "unavailable"
+    log = worker.output()
+    print(f"{DB_OUTAGE_S} s Postgres stop: the worker's whole log {len(log.splitlines())} lines")
+    said = [line for line in log.splitlines() if "the database is" in line]
+    assert len(said) == 2, said  # once when it went, once when it came back
+    assert "the database is unavailable" in said[0] and "the database is back after" in said[1]
+    assert "Traceback" not in log, log[-3000:]
 
 
 def _api_answers(api: str, run_id: str) -> bool:

@@ -1,7 +1,9 @@
 """`recallq api` and `recallq worker` on a database whose schema is missing or older than this
 recallq's: one line naming the revision and `recallq migrate`, exit 2, no traceback (the API
 answered 500 to every request, and a worker logged a traceback every 10 s). Once migrated,
-both start. Real Postgres (a throwaway database), real processes."""
+both start. On a database that does not exist or cannot be reached: one line saying so, exit
+2, before "ready." (a worker started anyway, heart-beat, took messages only to hand them back
+and logged a traceback every 10 s). Real Postgres (a throwaway database), real processes."""
 
 from __future__ import annotations
 
@@ -13,7 +15,9 @@ from alembic.script import ScriptDirectory
 
 from recallq.state import migrate
 from tests.integration.secured import recallq
-from tests.services import PostgresDatabase, start_api, start_worker
+from tests.services import PG_ADMIN_URL, PostgresDatabase, free_port, start_api, start_worker
+
+COMMANDS = [["api", "--port", "0"], ["worker", "--processes", "2", "--concurrency", "1"]]
 
 
 @pytest.fixture()
@@ -24,6 +28,33 @@ def database() -> Iterator[str]:
 
 def _env(service_env: dict[str, str], url: str) -> dict[str, str]:
     return {**service_env, "RECALLQ_DATABASE_URL": url}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_database_that_does_not_exist_is_one_line(
+    service_env: dict[str, str], command: list[str]
+) -> None:
+    base = PG_ADMIN_URL.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
+    done = recallq(_env(service_env, f"{base}/recallq_never_created"), *command, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("recallq: cannot use the database "), line
+    assert 'database "recallq_never_created" does not exist' in line
+    assert "create it, then run `recallq migrate`" in line
+    assert "ready" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_database_that_cannot_be_reached_is_one_line(
+    service_env: dict[str, str], command: list[str]
+) -> None:
+    nobody = f"postgresql+psycopg://postgres@127.0.0.1:{free_port()}/recallq"
+    done = recallq(_env(service_env, nobody), *command, timeout=60)
+    assert done.returncode == 2, done.stdout + done.stderr
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith(f"recallq: cannot use the database {nobody}: "), line
+    assert "Connection refused" in line and "Traceback" not in done.stderr
+    assert "ready" not in done.stdout + done.stderr
 
 
 @pytest.mark.parametrize("command", [["api", "--port", "0"], ["worker", "--concurrency", "1"]])

@@ -10,8 +10,10 @@ on both alike, and the table quotes each side's range over the rounds.
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -29,8 +31,6 @@ class TreeWorker(harness.Process):
     """`recallq worker` started as a new interpreter from `tree` (its own recallq package)."""
 
     def __init__(self, tree: Path, args: list[str], env: dict[str, str]) -> None:
-        import tempfile
-
         self.log_path = Path(tempfile.mkstemp(prefix="recallq-percore-", suffix=".log")[1])
         self._log = self.log_path.open("wb")
         self.proc = subprocess.Popen(  # type: ignore[assignment]
@@ -66,23 +66,61 @@ def one_round(
     return {"items_per_s": n / elapsed, "cpu_ms": cpu / n * 1000}
 
 
+def _local_cpu(tree: Path, env: dict[str, str], path: Path, database: Path) -> float:
+    """CPU seconds of `recallq run FILE --model M` (local mode, one process) from `tree`."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "recallq.cli", "run", str(path), "--model", harness.MODEL],
+        env={**env, "PYTHONPATH": str(tree), "RECALLQ_DATABASE_URL": f"sqlite:///{database}"},
+        cwd=tree,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    _, status, usage = os.wait4(process.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0, f"recallq run exited with {status}"
+    return usage.ru_utime + usage.ru_stime
+
+
+def local_round(
+    env: dict[str, Any], tree: Path, args: argparse.Namespace, tag: str
+) -> dict[str, float]:
+    """Local mode's CPU per item: a run of the items less a run of a tenth of them (the
+    import and start-up, the same in both), over the difference in items."""
+    n, few = args.percore_items, max(1, args.percore_items // 10)
+    directory = Path(tempfile.mkdtemp(prefix="recallq-percore-local-"))
+    started = time.perf_counter()
+    cpu = _local_cpu(
+        tree, env["env"], harness.ndjson_file(n, f"l{tag}", directory), directory / "a.db"
+    )
+    elapsed = time.perf_counter() - started
+    base = _local_cpu(
+        tree, env["env"], harness.ndjson_file(few, f"f{tag}", directory), directory / "b.db"
+    )
+    return {"items_per_s": n / elapsed, "cpu_ms": (cpu - base) / (n - few) * 1000}
+
+
 def measure(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
     trees = {"this tree": REPO}
     if args.percore_baseline:
         trees = {"baseline": Path(args.percore_baseline).resolve(), **trees}
-    found: dict[str, list[dict[str, float]]] = {name: [] for name in trees}
+    found: dict[str, list[dict[str, float]]] = {}
     with harness.environment(args.percore_latency_ms) as env:
         api, url = harness.start_api(env["env"])
         try:
             for r in range(args.percore_rounds):
                 for name, tree in trees.items():
-                    result = one_round(env, url, tree, args, f"{name[0]}{r}")
-                    found[name].append(result)
-                    print(
-                        f"  ({name}, round {r + 1}: {result['items_per_s']:.1f} items/s, "
-                        f"{result['cpu_ms']:.1f} ms CPU/item)",
-                        flush=True,
-                    )
+                    kinds = ["worker", "local mode"] if args.percore_local else ["worker"]
+                    for kind in kinds:
+                        label, tag = f"{name}, {kind}", f"{name[0]}{kind[0]}{r}"
+                        if kind == "worker":
+                            result = one_round(env, url, tree, args, tag)
+                        else:
+                            result = local_round(env, tree, args, tag)
+                        found.setdefault(label, []).append(result)
+                        print(
+                            f"  ({label}, round {r + 1}: {result['items_per_s']:.1f} items/s, "
+                            f"{result['cpu_ms']:.1f} ms CPU/item)",
+                            flush=True,
+                        )
         finally:
             api.stop()
     return found
@@ -127,3 +165,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--percore-latency-ms", type=float, default=300)
     parser.add_argument("--percore-rounds", type=int, default=3)
     parser.add_argument("--percore-baseline", default="", help="another tree, interleaved")
+    parser.add_argument(
+        "--percore-local", action="store_true", help="also local mode (`recallq run FILE`)"
+    )

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -136,14 +137,14 @@ def rows(args: argparse.Namespace) -> list[tuple[str, ...]]:
         ("worker", "rounds", "items/s", "worker CPU ms/item", "median CPU ms/item")
     ]
     for name, results in measure(args).items():
-        cpu = sorted(r["cpu_ms"] for r in results)
+        cpu = [r["cpu_ms"] for r in results]
         table.append(
             (
                 f"recallq ({name})",
                 str(len(results)),
                 _range([r["items_per_s"] for r in results]),
                 _range(cpu),
-                f"{cpu[len(cpu) // 2]:.1f}",
+                f"{statistics.median(cpu):.1f}",
             )
         )
     table.append(

@@ -275,8 +275,9 @@ def main() -> None:
         keda_table(args)
     if "percore" in args.sections:
         print_table(
-            f"Worker CPU per item (issue 29): one `recallq worker --processes "
-            f"{args.percore_processes} --concurrency {args.percore_threads}`, "
+            f"Worker CPU per item (issue 29): one `recallq worker` (--processes "
+            f"{args.percore_processes or 'default'}, --concurrency "
+            f"{args.percore_threads or 'default'}), "
             f"{args.percore_items} items, stub latency {args.percore_latency_ms:.0f} ms, "
             "measured warm; ranges over the rounds (before and after interleaved)",
             percore.rows(args),

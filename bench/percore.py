@@ -47,8 +47,11 @@ class TreeWorker(harness.Process):
 def one_round(
     env: dict[str, Any], url: str, tree: Path, args: argparse.Namespace, tag: str
 ) -> dict[str, float]:
-    command = ["worker", "--processes", str(args.percore_processes)]
-    command += ["--concurrency", str(args.percore_threads)]
+    command = ["worker"]  # 0 for either: the command's default
+    if args.percore_processes:
+        command += ["--processes", str(args.percore_processes)]
+    if args.percore_threads:
+        command += ["--concurrency", str(args.percore_threads)]
     worker = TreeWorker(tree, command, env["env"])
     try:
         worker.wait_for_output(" ready.", timeout=180)
@@ -161,8 +164,8 @@ def rows(args: argparse.Namespace) -> list[tuple[str, ...]]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--percore-items", type=int, default=400)
-    parser.add_argument("--percore-threads", type=int, default=16)
-    parser.add_argument("--percore-processes", type=int, default=1)
+    parser.add_argument("--percore-threads", type=int, default=16, help="0: the default")
+    parser.add_argument("--percore-processes", type=int, default=1, help="0: the default")
     parser.add_argument("--percore-latency-ms", type=float, default=300)
     parser.add_argument("--percore-rounds", type=int, default=3)
     parser.add_argument("--percore-baseline", default="", help="another tree, interleaved")

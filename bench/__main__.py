@@ -11,7 +11,18 @@ import sys
 import time
 from typing import Any
 
-from bench import bounds, harness, keda, metrics, pages, processes, scrape, startup, streams
+from bench import (
+    bounds,
+    harness,
+    keda,
+    metrics,
+    pages,
+    percore,
+    processes,
+    scrape,
+    startup,
+    streams,
+)
 
 Row = tuple[str, ...]
 
@@ -215,13 +226,14 @@ def main() -> None:
     parser.add_argument("--keda-ended-items", type=int, default=1_000_000, help="keda: ended")
     parser.add_argument("--keda-active-items", type=int, default=200_000, help="keda: biggest")
     sections = ["throughput", "cpu", "limit", "ragas", "cache", "big", "pages", "scrape", "streams"]
-    sections += ["bounds", "keda", "processes", "startup"]
+    sections += ["bounds", "keda", "processes", "startup", "percore"]
     parser.add_argument("--sections", nargs="+", default=sections, choices=sections)
     parser.add_argument("--big-latency-ms", type=float, default=20)
     parser.add_argument("--big-concurrency", type=int, default=16)
     parser.add_argument("--processes-items", type=int, default=1000, help="items, processes")
     parser.add_argument("--processes-latency-ms", type=float, default=20)
     startup.add_arguments(parser)
+    percore.add_arguments(parser)
     args = parser.parse_args()
 
     if "throughput" in args.sections:
@@ -261,6 +273,15 @@ def main() -> None:
         )
     if "keda" in args.sections:
         keda_table(args)
+    if "percore" in args.sections:
+        print_table(
+            f"Worker CPU per item (issue 29): one `recallq worker` (--processes "
+            f"{args.percore_processes or 'default'}, --concurrency "
+            f"{args.percore_threads or 'default'}), "
+            f"{args.percore_items} items, stub latency {args.percore_latency_ms:.0f} ms, "
+            "measured warm; ranges over the rounds (before and after interleaved)",
+            percore.rows(args),
+        )
 
 
 def keda_table(args: argparse.Namespace) -> None:

@@ -12,11 +12,14 @@ it. A library upgrade that moves an internal shows up here and in those tests, n
   - calls run as litellm's "internal sub-calls", which skip the success-callback job it
     queues on a thread pool after every call (about 0.4 ms of CPU and a thread hand-off).
 - kombu (checked against 5.7.0), applied by `prepare_kombu()` when a worker starts:
-  closing a broker connection that Celery already collected is the connection error it is
-  (tests/integration/test_broker.py); a broker URL without a password is shown without the
-  `:**@` kombu puts in every URL it shows (`redis://:**@127.0.0.1:6379/0` for a Redis with no
-  password, which the log redaction then showed as `redis://:[redacted]@...`:
-  tests/unit/test_frictions.py).
+  - closing a broker connection that Celery already collected is the connection error it is
+    (tests/integration/test_broker.py);
+  - one Redis client per channel and connection pool (`Channel._create_client`), where kombu
+    built a new client for every publish and every command (about 0.2 ms of CPU each, two or
+    three per item) (tests/integration/test_broker.py, the client test);
+  - a broker URL without a password is shown without the `:**@` kombu puts in every URL it
+    shows (`redis://:**@127.0.0.1:6379/0` for a Redis with no password, which the log
+    redaction then showed as `redis://:[redacted]@...`: tests/unit/test_frictions.py).
 - prometheus-client (checked against 0.26.0), by `count_in_files()` where `recallq worker
   --metrics-port` starts: its multiprocess mode, which it picks from PROMETHEUS_MULTIPROC_DIR
   when it is imported (recallq's CLI imports it before it knows the command), chosen after
@@ -147,6 +150,7 @@ def prepare_kombu() -> None:
         return original(self, asynchronous)
 
     setattr(kombu_redis.Channel, "_connparams", _ours(_connparams))  # noqa: B010  (a method)
+    _one_client_per_pool(kombu_redis.Channel)
     _no_password_mask_without_a_password()
 
 
@@ -166,6 +170,31 @@ def _no_password_mask_without_a_password() -> None:
         return original(self, include_password, *args, **kwargs)
 
     setattr(Connection, "as_uri", _ours(as_uri))  # noqa: B010  (a method)
+
+
+def _one_client_per_pool(channel_class: Any) -> None:
+    """kombu's Redis channel makes a `redis.Redis` client for each publish and each command it
+    sends (`conn_or_acquire()` without a client), on the channel's one connection pool; making
+    one parses its options anew each time. A client holds no connection of its own (it takes
+    one from the pool per command, so threads may share it): keep one per channel for as long
+    as the channel keeps its pool. A pool dropped after a broken connection
+    (`_disconnect_pools`) gets a client of its own."""
+    original: Any = channel_class._create_client
+    if _is_ours(original):
+        return
+
+    def _create_client(self: Any, asynchronous: bool = False) -> Any:
+        if asynchronous:  # the consumer's own client, made once per channel by kombu already
+            return original(self, asynchronous)
+        pool = self.pool
+        kept = self.__dict__.get("_recallq_client")
+        if kept is not None and kept[0] is pool:
+            return kept[1]
+        client = original(self, False)
+        self.__dict__["_recallq_client"] = (pool, client)
+        return client
+
+    setattr(channel_class, "_create_client", _ours(_create_client))  # noqa: B010  (a method)
 
 
 def count_in_files(directory: str) -> None:

@@ -32,10 +32,16 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+@functools.lru_cache(maxsize=64)
+def _signature(task: Callable[..., Any]) -> inspect.Signature:
+    """A task function's signature, worked out once (twice per message otherwise)."""
+    return inspect.signature(task)
+
+
 def items_of(task: Callable[..., Any], args: Any, kwargs: Any) -> list[int]:
     """The items of one call of a task function (a message's args and kwargs)."""
     try:
-        bound = inspect.signature(task).bind(*(args or ()), **(kwargs or {}))
+        bound = _signature(task).bind(*(args or ()), **(kwargs or {}))
     except TypeError:  # a malformed message: its task fails on it, and holds no item
         return []
     return items_named(bound.arguments)

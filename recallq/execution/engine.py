@@ -107,6 +107,9 @@ class Engine:
     def take(self, item_id: int) -> StageOutcome:
         """Own the item for this pass. An item with no ground truth ends here (no call)."""
         taken = self.items.take(item_id, self.owners.new_token(), self.owners.holder_alive)
+        return self._started(taken)
+
+    def _started(self, taken: Taken | Skipped) -> StageOutcome:
         if isinstance(taken, Skipped):
             return taken
         ended = pipeline.start(taken.ground_truth)
@@ -125,8 +128,9 @@ class Engine:
         truth, so packing changes nothing they mean). What each item became, in order."""
         outcomes: dict[int, StageOutcome] = {}
         by_run: dict[str, list[Taken]] = defaultdict(list)
-        for item_id in item_ids:
-            outcome = self.take(item_id)
+        group = self.items.take_group(item_ids, self.owners.new_token, self.owners.holder_alive)
+        for item_id, taken in zip(item_ids, group, strict=True):
+            outcome = self._started(taken)
             if isinstance(outcome, Continue) and outcome.taken.claims is None:
                 by_run[outcome.taken.run_id].append(outcome.taken)
             else:
@@ -225,10 +229,11 @@ class Engine:
                 (t, self._settle_error(t, exc, exc.usage, Stage.EXTRACTION)) for t in needed
             ]
         uncached: list[tuple[Taken, str]] = []
-        for taken in needed:
+        keys = [ClaimCache.key(t.ground_truth or "", t.model, project=t.project) for t in needed]
+        known = self.items.cached_claims(keys)  # one query for the group
+        for taken, key in zip(needed, keys, strict=True):
             assert taken.ground_truth is not None  # take ended items without one
-            key = ClaimCache.key(taken.ground_truth, taken.model, project=taken.project)
-            cached = self.items.cached_claims(key)
+            cached = known.get(key)
             if cached is None:
                 uncached.append((taken, key))
             else:

@@ -45,25 +45,25 @@ from recallq.state.item_writes import (
 from recallq.state.tables import as_utc, utcnow
 from recallq.state.usage_spool import Charge, UsageSpool
 
-TAKE_READ = (
-    select(
-        items.c.key,
-        items.c.status,
-        items.c.owner,
-        items.c.lease_until,
-        items.c.started_at,
-        items.c.ground_truth,
-        items.c.run_id,
-        items.c.waiting_since,
-        runs.c.status.label("run_status"),
-        runs.c.model,
-        runs.c.scale,
-        runs.c.retry_deadline_s,
-        runs.c.project,
-        exists().where(claims_table.c.item_id == items.c.id).label("has_claims"),
-    )
-    .join_from(items, runs, runs.c.id == items.c.run_id)
-    .where(items.c.id == bindparam("item_id"))
+TAKE_READ = select(
+    items.c.key,
+    items.c.status,
+    items.c.owner,
+    items.c.lease_until,
+    items.c.started_at,
+    items.c.ground_truth,
+    items.c.run_id,
+    items.c.waiting_since,
+    runs.c.status.label("run_status"),
+    runs.c.model,
+    runs.c.scale,
+    runs.c.retry_deadline_s,
+    runs.c.project,
+    exists().where(claims_table.c.item_id == items.c.id).label("has_claims"),
+).join_from(items, runs, runs.c.id == items.c.run_id)
+TAKE_READ_ONE = TAKE_READ.where(items.c.id == bindparam("item_id"))
+TAKE_READ_GROUP = TAKE_READ.add_columns(items.c.id).where(
+    items.c.id.in_(bindparam("item_ids", expanding=True))
 )
 STORED_CLAIMS = (
     select(claims_table.c.text)
@@ -154,9 +154,31 @@ class ItemStore:
 
         The read and the write need no common transaction: the write happens only if nobody
         moved the item on since the read (its WHERE checks owner and status again)."""
-        now = utcnow()
         with self._db.single_statement() as conn:
-            row = conn.execute(TAKE_READ, {"item_id": item_id}).one_or_none()
+            row = conn.execute(TAKE_READ_ONE, {"item_id": item_id}).one_or_none()
+        return self._take_read(item_id, row, owner, holder_alive)
+
+    def take_group(
+        self,
+        item_ids: Sequence[int],
+        new_owner: Callable[[], str],
+        holder_alive: Callable[[str], bool],
+    ) -> list[Taken | Skipped]:
+        """`take` for each of these items (a fresh owner token each from `new_owner`), their
+        reads in one query: what each became, in order."""
+        with self._db.single_statement() as conn:
+            found = conn.execute(TAKE_READ_GROUP, {"item_ids": list(dict.fromkeys(item_ids))})
+            rows = {row.id: row for row in found}
+        return [
+            self._take_read(item_id, rows.get(item_id), new_owner(), holder_alive)
+            for item_id in item_ids
+        ]
+
+    def _take_read(
+        self, item_id: int, row: Any, owner: str, holder_alive: Callable[[str], bool]
+    ) -> Taken | Skipped:
+        """The rest of `take`, once the item's row is read (None: no such item)."""
+        now = utcnow()
         if row is None or row.status in ITEM_ENDED:
             return Skipped(SkipReason.ENDED)
         if row.status == ItemStatus.PENDING:  # a stale message: dispatch releases it later
@@ -199,10 +221,13 @@ class ItemStore:
             row.key,
         )
 
-    def cached_claims(self, key: str) -> list[str] | None:
-        """Claims the claim cache holds for this key (ground truth, model, prompt version)."""
+    def cached_claims(self, keys: Sequence[str]) -> dict[str, list[str]]:
+        """Claims the claim cache holds for those of these keys (ground truth, model, prompt
+        version) it has: one query for a group's items."""
+        if not keys:
+            return {}
         with self._db.single_statement() as conn:
-            return ClaimCache.read(conn, [key]).get(key)
+            return ClaimCache.read(conn, keys)
 
     # --- while running ----------------------------------------------------------------------
 

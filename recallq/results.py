@@ -1,7 +1,8 @@
 """A finished run in memory, for Python users: `recallq.evaluate(...)` returns a Result.
 
 Data frames need pandas (imported only when asked for): `to_pandas()` has one row per item,
-`claims_to_pandas()` one row per claim, with the columns of the CSV exports.
+`claims_to_pandas()` one row per claim, `passages_to_pandas()` one row per passage, with the
+columns of the CSV exports.
 """
 
 from __future__ import annotations
@@ -16,7 +17,9 @@ from recallq.core.groups import GroupedItem, check_field, summarise_groups
 from recallq.core.status import PublicItemStatus
 
 #: Columns of Result.to_pandas(): the CSV export's, without the claims (claims_to_pandas).
-ITEM_FRAME_COLUMNS = [column for column in export.ITEM_COLUMNS if column != "claims"]
+ITEM_FRAME_COLUMNS = [
+    column for column in export.ITEM_COLUMNS if column not in ("claims", "passages")
+]
 _ITEM_DATA_COLUMNS = ("input", "output", "ground_truth", "context", "metadata")
 
 
@@ -41,6 +44,12 @@ def claims_frame(results: Iterable[dict[str, Any]]) -> Any:
     """One row per claim: the item's id and index, claim_index, text, verdict,
     context_indices, reason."""
     return _pandas().DataFrame(list(export.claim_rows(results)), columns=export.CLAIM_COLUMNS)
+
+
+def passages_frame(results: Iterable[dict[str, Any]]) -> Any:
+    """One row per passage: the item's id and index, passage_index, relevant, claims (the
+    claims that cite it), reason (precision judged)."""
+    return _pandas().DataFrame(list(export.passage_rows(results)), columns=export.PASSAGE_COLUMNS)
 
 
 class Result:
@@ -80,6 +89,10 @@ class Result:
     def claims_to_pandas(self) -> Any:
         """A DataFrame with one row per claim (see claims_frame)."""
         return claims_frame(self.items)
+
+    def passages_to_pandas(self) -> Any:
+        """One row per passage, with its relevance (see passages_frame)."""
+        return passages_frame(self.items)
 
     def summary_by(self, field: str) -> dict[str, dict[str, Any]]:
         """The summary per value of metadata field `field`: items, scored_items, failed,

@@ -167,8 +167,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--format",
-        choices=["jsonl", "csv", "claims.csv"],
-        help="format of --out (default: from its name; *.claims.csv is one row per claim)",
+        choices=["jsonl", "csv", "claims.csv", "passages.csv"],
+        help="format of --out (default: from its name; *.claims.csv is one row per claim, "
+        "*.passages.csv one per passage)",
     )
     run.add_argument("--concurrency", type=int, help="judge calls in flight (threads)")
     run.add_argument(
@@ -260,7 +261,9 @@ def build_parser() -> argparse.ArgumentParser:
     results = sub.add_parser("results", help="a run's per-item results with claims")
     results.add_argument("run_id")
     add_api_option(results)
-    results.add_argument("--format", choices=["jsonl", "csv", "claims.csv"], default="jsonl")
+    results.add_argument(
+        "--format", choices=["jsonl", "csv", "claims.csv", "passages.csv"], default="jsonl"
+    )
     results.add_argument("--out", type=Path, help="file to write (default, or -: stdout)")
     results.add_argument(
         "--no-item-data",

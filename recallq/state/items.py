@@ -18,19 +18,22 @@ from sqlalchemy import (
 )
 
 from recallq.core.outcomes import Deferred, Ended, Skipped, SkipReason, Stage, Taken
+from recallq.core.precision import Precision
 from recallq.core.scoring import Outcome, Verdict
 from recallq.core.status import ITEM_ENDED, ITEM_IN_FLIGHT, ItemStatus, RunStatus
-from recallq.core.usage import Usage
+from recallq.core.usage import NO_USAGE, Usage
 from recallq.observability import metrics
 from recallq.state.claim_cache import ClaimCache
 from recallq.state.db import Database
 from recallq.state.item_writes import (
     IN_FLIGHT,
+    add_values,
     charge_cancelled,
     claims_insert,
     claims_table,
     failed_values,
     items,
+    relevance_values,
     runs,
     spent_values,
     succeeded_values,
@@ -56,6 +59,7 @@ TAKE_READ = (
         runs.c.scale,
         runs.c.retry_deadline_s,
         runs.c.project,
+        runs.c.precision,
         exists().where(claims_table.c.item_id == items.c.id).label("has_claims"),
     )
     .join_from(items, runs, runs.c.id == items.c.run_id)
@@ -190,6 +194,7 @@ class ItemStore:
             waiting,
             row.project,
             row.key,
+            row.precision,
         )
 
     def cached_claims(self, key: str) -> list[str] | None:
@@ -274,10 +279,13 @@ class ItemStore:
         stage: Stage,
         verdicts: dict[int, Verdict] | None = None,
         cache_hits: int = 0,
+        precision: Precision | None = None,
+        relevance: Usage = NO_USAGE,
     ) -> Ended | Skipped:
-        """running → succeeded with its score, reason and the verdict of every claim; the next
-        pending item of the run is queued in its place. `usage` is what `stage` spent last."""
-        values = succeeded_values(outcome, usage, stage, cache_hits)
+        """running → succeeded with its score, reason, the verdict of every claim and its
+        context precision; the next pending item of the run is queued in its place. `usage` is
+        what `stage` spent last, `relevance` what the context_relevance call spent."""
+        values = succeeded_values(outcome, usage, stage, cache_hits, precision, relevance)
         with self._db.transaction() as conn:
             if not self._write_owned(conn, taken, values, "succeed"):
                 return Skipped(SkipReason.NOT_OWNED)
@@ -286,9 +294,12 @@ class ItemStore:
                 conn.execute(verdicts_upsert(conn.dialect.name), rows)
             return Ended(taken.run_id, self._release_next(conn, taken.run_id))
 
-    def fail(self, taken: Taken, error: str, usage: Usage, stage: Stage) -> Ended | Skipped:
-        """running → failed with its error; the next pending item is queued in its place."""
-        values = failed_values(error, usage, stage)
+    def fail(
+        self, taken: Taken, error: str, usage: Usage, stage: Stage, relevance: Usage = NO_USAGE
+    ) -> Ended | Skipped:
+        """running → failed with its error; the next pending item is queued in its place.
+        `relevance`: what a context_relevance call spent, beside `stage`'s `usage`."""
+        values = failed_values(error, usage, stage, relevance)
         with self._db.transaction() as conn:
             if not self._write_owned(conn, taken, values, "fail"):
                 return Skipped(SkipReason.NOT_OWNED)
@@ -301,13 +312,17 @@ class ItemStore:
         usage: Usage,
         stage: Stage,
         waiting_since: datetime | None,
+        relevance: Usage = NO_USAGE,
     ) -> Deferred | Skipped:
         """running → queued, due in `delay` seconds, keeping its claims and usage: its worker
         slot is given back, and the reaper sends the item again when its lease runs out.
         `waiting_since` is when it started to wait out a provider incident (None: it waits
         for something sure to come, as rate-limit capacity)."""
         until = self._lease(delay)
-        values = spent_values(usage, stage) | {
+        spent = spent_values(usage, stage)
+        if relevance != NO_USAGE:
+            spent = add_values(spent, relevance_values(relevance))
+        values = spent | {
             "status": ItemStatus.QUEUED,
             "owner": None,
             "lease_until": until,

@@ -15,7 +15,7 @@ if TYPE_CHECKING:
 
 #: The newest migration's revision (migrations/versions/): what `upgrade()` brings a database
 #: to. tests/migrations/test_schema_head.py checks it is alembic's head.
-SCHEMA_HEAD = "0011"
+SCHEMA_HEAD = "0012"
 
 
 def alembic_config(url: str | None = None) -> Config:

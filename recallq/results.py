@@ -98,7 +98,13 @@ class Result:
         """The summary per value of metadata field `field`: items, scored_items, failed,
         mean_score."""
         grouped = (
-            GroupedItem(item["status"], item["score"], item.get("metadata")) for item in self.items
+            GroupedItem(
+                item["status"],
+                item["score"],
+                item.get("metadata"),
+                context_precision=item.get("context_precision"),
+            )
+            for item in self.items
         )
         groups = summarise_groups(grouped, field)
         check_field(groups, field, lambda: (n for i in self.items for n in i.get("metadata") or {}))

@@ -132,6 +132,11 @@ def _add_run_fields(parser: argparse.ArgumentParser) -> None:
         help="how long an item may wait out a provider that does not answer before it fails "
         "(default RECALLQ_RETRY_DEADLINE, 6 h)",
     )
+    parser.add_argument(
+        "--precision",
+        help="context precision: cited (default: from attribution's citations, no extra "
+        "call), judged (one context_relevance call per item) or off",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -146,6 +151,11 @@ def _add_gate(parser: argparse.ArgumentParser) -> None:
         "--max-no-context",
         type=_non_negative_int,
         help="exit 1 when more items than this were scored without any context",
+    )
+    parser.add_argument(
+        "--min-precision",
+        type=float,
+        help="exit 1 when the mean context precision is below this",
     )
 
 

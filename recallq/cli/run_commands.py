@@ -72,7 +72,7 @@ def submit(args: argparse.Namespace) -> int:
     code, reasons = gates.exit_code(view, thresholds)
     for reason in reasons:
         print(f"recallq: {reason}", file=sys.stderr)
-    if code == Exit.OK and (thresholds.min_score is not None or thresholds.max_failed is not None):
+    if code == Exit.OK and thresholds.has_thresholds:
         print(gates.passed_line(view, thresholds), file=sys.stderr)
     return code
 
@@ -90,6 +90,7 @@ def _submitted(client: Client, args: argparse.Namespace, mapping: dict[str, str]
         mode="batch" if args.batch else None,
         claims_from=args.claims_from,
         retry_deadline_s=args.retry_deadline,
+        precision=args.precision,
     )
 
 

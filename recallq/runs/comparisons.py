@@ -31,7 +31,7 @@ from recallq.state.tables import Claim, Item, Run
 
 _COMPARISON: kept.Kind[dict[str, Any]] = kept.Kind("compare", kept.shape("compare", [1]))
 _GROUP_SUMMARY: kept.Kind[dict[str, dict[str, Any]]] = kept.Kind(
-    "groups", kept.shape("groups", [1])
+    "groups", kept.shape("groups", [2])
 )
 
 
@@ -260,11 +260,14 @@ def group_summary(session: Session, run_id: str, by: str) -> dict[str, dict[str,
     def summarise() -> dict[str, dict[str, Any]]:
         value, metadata = _metadata_field(session, Item, by)
         rows = session.execute(
-            select(value, Item.status, Item.score, func.count())
+            select(value, Item.status, Item.score, Item.context_precision, func.count())
             .where(Item.run_id == run_id)
-            .group_by(value, Item.status, Item.score)
+            .group_by(value, Item.status, Item.score, Item.context_precision)
         )
-        alike = (GroupedItem(status, score, metadata(raw), n) for raw, status, score, n in rows)
+        alike = (
+            GroupedItem(status, score, metadata(raw), n, precision)
+            for raw, status, score, precision, n in rows
+        )
         return summarise_groups(alike, by)
 
     run = session.get(Run, run_id)

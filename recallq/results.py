@@ -13,6 +13,7 @@ from typing import Any
 
 from recallq.core import compare as ab
 from recallq.core import export
+from recallq.core import precision as precision_rules
 from recallq.core.groups import GroupedItem, check_field, summarise_groups
 from recallq.core.status import PublicItemStatus
 
@@ -118,9 +119,17 @@ class Result:
             raise ValueError(
                 f"the runs have different scales ({base.run['scale']:g} and {scale:g})"
             )
-        return ab.compare(
+        result = ab.compare(
             _item_scores(base.items), _item_scores(self.items), scale=scale, by=by, top=top
         )
+        before = {i["id"]: i.get("context_precision") for i in base.items}
+        pairs: list[tuple[str, float, float]] = []
+        for item in self.items:
+            was, now = before.get(item["id"]), item.get("context_precision")
+            if was is not None and now is not None:
+                pairs.append((item["id"], was, now))
+        result["precision"] = precision_rules.compare(sorted(pairs), top)
+        return result
 
     def __len__(self) -> int:
         return len(self.items)

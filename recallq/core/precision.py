@@ -10,6 +10,7 @@ truth, and how well the retriever ranked them. No I/O, no model calls.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -207,3 +208,46 @@ def id_scores(retrieved: Any, reference: Any, scale: float) -> tuple[float | Non
     found = wanted & set(got)
     recall = float(scale) if found == wanted else round(len(found) / len(wanted) * scale, 4)
     return precision, recall
+
+
+# --- comparing two runs ----------------------------------------------------------------------
+
+
+def compare(pairs: Sequence[tuple[str, float, float]], top: int = 10) -> dict[str, Any]:
+    """Context precision of two runs' items paired by id (`(key, base, candidate)` of the
+    pairs with a precision in both): `paired`, the means, the mean difference with its normal
+    95% interval, and the `largest_changes` (`{id, base, candidate, difference}`, largest first).
+    Nulls when no pair has a precision in both."""
+    from recallq.core.compare import normal_interval
+
+    if not pairs:
+        return {
+            "paired": 0,
+            "base_mean": None,
+            "candidate_mean": None,
+            "mean_difference": None,
+            "ci95": None,
+            "largest_changes": [],
+        }
+    n = len(pairs)
+    base = math.fsum(b for _, b, _ in pairs) / n
+    candidate = math.fsum(c for _, _, c in pairs) / n
+    low, high = normal_interval([c - b for _, b, c in pairs])
+    changed = sorted(
+        (p for p in pairs if abs(p[2] - p[1]) > 1e-9), key=lambda p: (-abs(p[2] - p[1]), p[0])
+    )
+    return {
+        "paired": n,
+        "base_mean": _round4(base),
+        "candidate_mean": _round4(candidate),
+        "mean_difference": _round4(candidate - base),
+        "ci95": [_round4(low), _round4(high)],
+        "largest_changes": [
+            {"id": key, "base": b, "candidate": c, "difference": _round4(c - b)}
+            for key, b, c in changed[:top]
+        ],
+    }
+
+
+def _round4(value: float) -> float:
+    return round(value, 4) + 0.0

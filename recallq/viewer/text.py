@@ -374,6 +374,17 @@ def compare_lines(result: dict[str, Any]) -> list[str]:
                 f"{counts['base']} + {counts['candidate']} labelled items)",
             )
         )
+    precision = result.get("precision")
+    if precision and precision.get("mean_difference") is not None:
+        low, high = precision["ci95"]
+        rows.append(
+            (
+                "precision_difference",
+                f"{precision['mean_difference']:+.4f}  (95% CI {low:+.4f} to {high:+.4f}; "
+                f"{_score(precision['base_mean'])} -> {_score(precision['candidate_mean'])}, "
+                f"{precision['paired']} items)",
+            )
+        )
     flipped = result.get("claims_flipped")
     if flipped:
         rows.append(

@@ -1001,7 +1001,8 @@ class StubState:
         verdicts = relevance(ground_truth_text(data), contexts)
         drop = MARK_RELEVANCE_DROP_ALWAYS in marked
         if MARK_RELEVANCE_DROP_ONCE in marked and verdicts:
-            key = data_key({"relevance": data.get("contexts")})
+            # the last passage, the one dropped: a re-ask carries only it, and is answered
+            key = data_key({"ground_truth": data.get("ground_truth"), "last": contexts[-1][1]})
             drop = key not in self.dropped_once
             self.dropped_once.add(key)
         if drop and verdicts:

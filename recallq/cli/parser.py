@@ -365,6 +365,9 @@ def build_parser() -> argparse.ArgumentParser:
     estimate.add_argument("--model", help="judge model (default: RECALLQ_DEFAULT_MODEL)")
     estimate.add_argument("--context", type=_json_argument, help="static context, a JSON list")
     estimate.add_argument("--context-extractor", type=_json_argument, help="JSON extractor spec")
+    estimate.add_argument(
+        "--precision", help="cited (default), judged (a context_relevance call an item) or off"
+    )
     estimate.add_argument("--json", action="store_true", help="print the estimate as JSON")
     estimate.set_defaults(func=_command("run_commands", "estimate"))
     _add_label_commands(sub)

@@ -247,6 +247,7 @@ def estimate(args: argparse.Namespace) -> int:
             "model": args.model,
             "context": args.context,
             "context_extractor": args.context_extractor,
+            "precision": args.precision,
         }
         spec = runs.spec_of(fields, settings, models)
     except (ingest.SubmissionError, JudgeModelsError) as exc:
@@ -303,6 +304,11 @@ def _print_estimate(estimate: dict[str, Any], as_json: bool) -> None:
         ("model", estimate["model"]),
         ("items", str(estimate["items"])),
         ("judge calls", f"{estimate['calls']} ({estimate['cache_hits']} claim-cache hits)"),
+        *(
+            [("relevance calls", str(estimate["relevance_calls"]))]
+            if estimate.get("relevance_calls")
+            else []
+        ),
         ("prompt tokens", str(estimate["prompt_tokens"])),
         ("completion tokens", str(estimate["completion_tokens"])),
         ("cost", "unknown (no price for this model)" if cost is None else f"${cost:.4f}"),

@@ -409,7 +409,12 @@ def estimate_checked(
     `claims_from` names, by item id; an item that takes them (pipeline.inherited_claims)
     needs no extraction."""
     estimator = estimate.estimator_for(
-        spec.model, models, settings.extraction_pack, settings.extraction_pack_tokens, spec.mode
+        spec.model,
+        models,
+        settings.extraction_pack,
+        settings.extraction_pack_tokens,
+        spec.mode,
+        spec.precision,
     )
     pending: list[dict[str, Any]] = []
 

@@ -70,6 +70,7 @@ class Precision:
     context_precision: float
     passages: list[Passage]
     first_relevant_rank: int | None
+    mode: str = PrecisionMode.CITED
 
     def passages_json(self) -> list[dict[str, Any]]:
         return [p.as_json() for p in self.passages]
@@ -96,9 +97,11 @@ def first_relevant_rank(relevant: Sequence[bool]) -> int | None:
     return next((k for k, rel in enumerate(relevant, start=1) if rel), None)
 
 
-def _of(passages: list[Passage], scale: float) -> Precision:
+def _of(passages: list[Passage], scale: float, mode: str) -> Precision:
     flags = [p.relevant for p in passages]
-    return Precision(average_precision(flags, scale), passages, first_relevant_rank(flags))
+    return Precision(
+        average_precision(flags, scale), passages, first_relevant_rank(flags), PrecisionMode(mode)
+    )
 
 
 def supporting_claims(verdicts: Mapping[int, Verdict], n_contexts: int) -> list[list[int]]:
@@ -120,7 +123,8 @@ def cited(verdicts: Mapping[int, Verdict], n_contexts: int, scale: float) -> Pre
     if n_contexts <= 0:
         return None
     claims = supporting_claims(verdicts, n_contexts)
-    return _of([Passage(i, bool(claims[i]), claims[i]) for i in range(n_contexts)], scale)
+    passages = [Passage(i, bool(claims[i]), claims[i]) for i in range(n_contexts)]
+    return _of(passages, scale, PrecisionMode.CITED)
 
 
 @dataclass(frozen=True)
@@ -167,7 +171,7 @@ def judged(
     passages = [
         Passage(i, relevance[i].relevant, claims[i], relevance[i].reason) for i in range(n_contexts)
     ]
-    return _of(passages, scale)
+    return _of(passages, scale, PrecisionMode.JUDGED)
 
 
 def no_relevance_error(missing: Sequence[int]) -> str:

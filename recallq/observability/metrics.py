@@ -85,6 +85,11 @@ BREAKER_OPENINGS = Counter(
 BATCHES_APPLIED = Counter(
     "recallq_batch_batches_applied", "Provider batches whose results were applied", ["model"]
 )
+PRECISION_ITEMS = Counter(
+    "recallq_precision_items",
+    "Items scored with a context precision, by precision mode (cited|judged)",
+    ["mode"],
+)
 HTTP_REQUEST_SECONDS = Histogram(
     "recallq_http_request_seconds",
     "API requests by method, route template and status code, until the response ended",
@@ -99,6 +104,11 @@ def items_moved(status: str, count: int) -> None:
     ITEM_TRANSITIONS.labels(str(status)).inc(count)
     if status in ITEM_ENDED:
         ITEMS_ENDED.labels(str(status)).inc(count)
+
+
+def precision_scored(mode: str) -> None:
+    """The stores: an item ended with a context precision of this mode."""
+    PRECISION_ITEMS.labels(str(mode)).inc()
 
 
 def judge_call(model: str, stage: str, outcome: str, seconds: float) -> None:

@@ -17,6 +17,7 @@ from recallq.core.precision import Precision
 from recallq.core.scoring import Outcome, Verdict
 from recallq.core.status import ItemStatus, RunStatus
 from recallq.core.usage import Usage
+from recallq.observability import metrics
 from recallq.state.claim_cache import ClaimCache
 from recallq.state.item_writes import (
     charge_cancelled,
@@ -119,6 +120,8 @@ class BatchedItemStore:
         values = succeeded_values(outcome, usage, stage, cache_hits, precision)
         if not self._write(conn, item_id, values):
             return False
+        if precision is not None:
+            metrics.precision_scored(precision.mode)
         if verdicts:
             rows = verdict_rows(item_id, claims, verdicts)
             conn.execute(verdicts_upsert(conn.dialect.name), rows)

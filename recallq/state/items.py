@@ -289,6 +289,8 @@ class ItemStore:
         with self._db.transaction() as conn:
             if not self._write_owned(conn, taken, values, "succeed"):
                 return Skipped(SkipReason.NOT_OWNED)
+            if precision is not None:
+                metrics.precision_scored(precision.mode)
             if verdicts:
                 rows = verdict_rows(taken.item_id, taken.claims or (), verdicts)
                 conn.execute(verdicts_upsert(conn.dialect.name), rows)

@@ -74,8 +74,16 @@ def test_a_bad_precision_is_one_line(tmp_path: Path) -> None:
 
 
 def test_evaluate_precision_judged_and_passages_frame(tmp_path: Path) -> None:
+    from prometheus_client import REGISTRY
+
+    def scored() -> float:
+        value = REGISTRY.get_sample_value("recallq_precision_items_total", {"mode": "judged"})
+        return value or 0.0
+
+    before = scored()
     database = f"sqlite:///{tmp_path / 'evaluate.db'}"
     result = recallq.evaluate(ITEMS, database_url=database, progress=False, precision="judged")
+    assert scored() - before == 3  # items scored by precision mode (Prometheus)
     found = {item["id"]: item["context_precision"] for item in result.items}
     assert found == EXPECTED
     assert result.summary["mean_context_precision"] == 0.4444

@@ -191,7 +191,7 @@ def precision_rows(view: dict[str, Any]) -> list[tuple[str, str]]:
     first = summary.get("first_relevant_rank")
     if first and mean is not None:
         shown = ", ".join(f"{rank}: {n}" for rank, n in first.items() if n)
-        rows.append(("first_relevant_rank", shown or "-"))
+        rows.append(("first_relevant", shown or "-"))
     for key in ("mean_id_precision", "mean_id_recall"):
         if key in summary:
             rows.append((key.removeprefix("mean_"), _score(summary[key])))

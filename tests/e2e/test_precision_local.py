@@ -48,8 +48,8 @@ def test_recallq_run_precision_and_its_gate(tmp_path: Path, mode: str) -> None:
     done = run_recallq([*args, "--min-precision", "0.5", "--by", "topic"], env=env, cwd=tmp_path)
     assert done.returncode == 1, done.stderr  # mean (1 + 1/3 + 0) / 3 = 0.4444 < 0.5
     assert "mean context precision 0.4444 is below --min-precision 0.5" in done.stderr
-    assert f"context_precision    0.4444 [0, 0.9149] ({mode}, 3 items)" in done.stdout
-    assert "first_relevant_rank  1: 1, 3: 1, none: 1" in done.stdout
+    assert f"context_precision  0.4444 [0, 0.9149] ({mode}, 3 items)" in done.stdout
+    assert "first_relevant     1: 1, 3: 1, none: 1" in done.stdout
     rows = list(csv.DictReader(out.open()))
     assert [(r["id"], r["passage_index"], r["relevant"]) for r in rows] == [
         ("first", "0", "True"),

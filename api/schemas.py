@@ -78,7 +78,7 @@ class RunUsage(_Open):
     completion_tokens: int
     cost_usd: float
     claim_cache_hits: int | None = None
-    by_stage: dict[Literal["extraction", "attribution"], Spent] | None = None
+    by_stage: dict[Literal["extraction", "attribution", "relevance"], Spent] | None = None
     by_lane: dict[Literal["online", "batch"], Spent] | None = None
     call_attempts: int | None = Field(None, description="requests sent, failed ones included")
     failed_calls: int | None = Field(None, description="answered with an error, or not at all")

@@ -6,11 +6,11 @@
              model, and on the API the work waiting across active runs and the pending batches
 
 Labels are of low cardinality only: a model named in the models file, a stage, an outcome, a
-status, a route template. Never a run, an item, a key or a project: every process's series stay
-a fixed, small set however many runs it scores. Each API process serves its own registry; the
-processes of one `recallq worker` command write theirs to files in one directory
-(prometheus-client's multiprocess mode, recallq.patches) and any of them serves their sum on
-the command's one port (`listen`, `serve_processes`). The `instance` label Prometheus adds
+precision mode, a status, a route template. Never a run, an item, a key or a project: every
+process's series stay a fixed, small set however many runs it scores. Each API process serves
+its own registry; the processes of one `recallq worker` command write theirs to files in one
+directory (prometheus-client's multiprocess mode, recallq.patches) and any of them serves their
+sum on the command's one port (`listen`, `serve_processes`). The `instance` label Prometheus adds
 tells commands apart. docs/operations.md lists every metric.
 """
 

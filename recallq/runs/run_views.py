@@ -330,10 +330,11 @@ def _view(session: Session, run: Run, aggregates: RunAggregates, details: bool) 
             "by_stage": {
                 Stage.EXTRACTION: a.extraction.spent(),
                 Stage.ATTRIBUTION: (a.usage - a.extraction - a.relevance).spent(),
-                Stage.RELEVANCE: a.relevance.spent(),
             },
         },
     }
+    if run.precision == "judged" or a.relevance.llm_calls:  # the stage of judged precision
+        view["usage"]["by_stage"][Stage.RELEVANCE] = a.relevance.spent()
     # the provider batch lane: usage by lane and stage (additive), and a batch run's progress
     lane = run_lane_view(session, run, a.usage)
     view["usage"].update(lane["usage"])

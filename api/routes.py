@@ -191,6 +191,13 @@ async def create_run(
         Literal["online", "batch"] | None,
         Query(description="batch: through the provider's Batch API (a model marked batch)"),
     ] = None,
+    precision: Annotated[
+        str | None,
+        Query(
+            max_length=16,
+            description='context precision: "cited" (default), "judged" or "off" (else a 422)',
+        ),
+    ] = None,
 ) -> JSONResponse:
     """Run fields come from the JSON body, or from the query for an NDJSON body (one item a
     line). With `dry_run=true` nothing is created: the answer (200) is an estimate."""
@@ -223,6 +230,7 @@ async def create_run(
             "budget_tokens": budget_tokens,
             "mode": mode,
             "claims_from": claims_from,
+            "precision": precision,
         }
         spec = service.spec(fields, principal.project, key)
         upload = await spool_ndjson(request, settings, request.app.state.spool_budget)
@@ -453,7 +461,7 @@ async def results(
     run_id: str,
     runtime: Rt,
     principal: Caller,
-    format: Literal["jsonl", "csv", "claims.csv"] = "jsonl",
+    format: Literal["jsonl", "csv", "claims.csv", "passages.csv"] = "jsonl",
     item_data: ItemData = True,
 ) -> StreamingResponse:
     """Every item with its claims: JSONL, CSV (a row per item) or claims.csv (a row per

@@ -54,6 +54,15 @@ class Summary(_Open):
     no_context: int = Field(
         0, description="scored 0: no passage was retrieved for it (usually a pipeline bug)"
     )
+    mean_context_precision: float | None = Field(
+        None, description="mean context precision of the items with a context and ground truth"
+    )
+    context_precision_ci95: list[float] | None = Field(
+        None, description="95% interval [low, high] of mean_context_precision"
+    )
+    precision_items: int = Field(0, description="items with a context precision")
+    mean_id_precision: float | None = None
+    mean_id_recall: float | None = None
 
 
 class Spent(_Open):
@@ -69,7 +78,7 @@ class RunUsage(_Open):
     completion_tokens: int
     cost_usd: float
     claim_cache_hits: int | None = None
-    by_stage: dict[Literal["extraction", "attribution"], Spent] | None = None
+    by_stage: dict[Literal["extraction", "attribution", "relevance"], Spent] | None = None
     by_lane: dict[Literal["online", "batch"], Spent] | None = None
     call_attempts: int | None = Field(None, description="requests sent, failed ones included")
     failed_calls: int | None = Field(None, description="answered with an error, or not at all")
@@ -96,6 +105,7 @@ class RunView(_Open):
     status: RunStatus
     model: str
     mode: Literal["online", "batch"] = "online"
+    precision: Literal["cited", "judged", "off"] = "cited"
     scale: float
     created_at: str | None
     started_at: str | None
@@ -171,6 +181,13 @@ class ClaimView(_Open):
     reason: str | None
 
 
+class PassageView(_Open):
+    index: int
+    relevant: bool
+    claims: list[int] = Field(description="the claims (judged yes) that cite this passage")
+    reason: str | None = Field(None, description="the judge's reason (precision judged)")
+
+
 class ItemView(_Open):
     id: str
     index: int
@@ -183,6 +200,15 @@ class ItemView(_Open):
     claims_total: int | None
     claims_attributed: int | None
     claims: list[ClaimView]
+    context_precision: float | None = Field(
+        None,
+        description="average precision of the passages' order; null: no context or no "
+        "ground truth, or precision off",
+    )
+    first_relevant_rank: int | None = None
+    passages: list[PassageView] | None = None
+    id_precision: float | None = None
+    id_recall: float | None = None
 
 
 class ItemsPage(_Open):
@@ -370,6 +396,11 @@ class RunSubmission(BaseModel):
         description="an earlier run of the project: each item takes the claims of its item of "
         "the same id and ground truth, and is only attributed (no extraction call); other "
         "items are extracted as usual. An unknown run (or another project's) is a 422",
+    )
+    precision: Literal["cited", "judged", "off"] | None = Field(
+        None,
+        description="context precision: cited (default; from attribution's citations, no extra "
+        "call), judged (one context_relevance call per item with a context; online only) or off",
     )
     items: list[SubmittedItem] = Field(min_length=1)
 

@@ -115,6 +115,7 @@ class Client:
         mode: str | None = None,
         retry_deadline_s: float | None = None,
         claims_from: str | None = None,
+        precision: str | None = None,
     ) -> Run:
         """Send a dataset as a new run; returns it as soon as the API stored it.
 
@@ -138,6 +139,7 @@ class Client:
             "mode": mode,
             "retry_deadline_s": retry_deadline_s,
             "claims_from": claims_from,
+            "precision": precision,
         }
         if context is not None:
             params["context"] = json.dumps(context)

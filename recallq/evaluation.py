@@ -19,7 +19,15 @@ from typing import Any
 from recallq.judge.models import LEXICAL
 from recallq.results import Result
 
-RUN_FIELDS = ("name", "scale", "context", "context_extractor", "retry_deadline_s", "claims_from")
+RUN_FIELDS = (
+    "name",
+    "scale",
+    "context",
+    "context_extractor",
+    "retry_deadline_s",
+    "claims_from",
+    "precision",
+)
 
 
 def evaluate(
@@ -41,7 +49,8 @@ def evaluate(
     `mapping` renames fields (`{"gold": "ground_truth"}`, `{"context": "metadata"}`).
     `run_fields` are the run's: `name`, `scale`, `context` (static passages for every item),
     `context_extractor` (for agent-shaped items), `claims_from` (an earlier local run: items
-    of the same id and ground truth take its claims and are only attributed).
+    of the same id and ground truth take its claims and are only attributed), `precision`
+    (`cited`, the default, `judged` or `off`: how passages are known relevant).
 
     As `recallq run` does, the same data (a file's bytes, or the items) with the same model,
     run fields and mapping finds its run again: a finished run is returned as it is (no judge

@@ -12,6 +12,9 @@ received, to what happens to the item next. Pure: no I/O, no clock, no model cal
                                      if malformed) are extracted alone
     verdicts_found(answer, asked)    Verdicts (score) │ AskAgain (once, the claims left
                                      without one) │ Failed
+    scored(claims, verdicts, ...)    Scored, with `cited` context precision from the verdicts
+    relevance_found(answer, asked)   precision "judged": Relevant (every passage has a
+                                     verdict) │ AskAgainPassages (once) │ Failed
     line_failed / after_error        ResendLater │ Failed; ResendLater ─► wait_or_give_up
                                      ─► Wait │ Failed
                                      (the run's retry deadline, in seconds)
@@ -27,6 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from recallq.core import precision as precision_rules
 from recallq.core import scoring
 from recallq.core.errors import JudgeError, MalformedAnswer, TryLater
 from recallq.core.usage import Usage
@@ -35,9 +39,11 @@ from recallq.judge.base import PackedReply, Repair
 
 __all__ = [
     "AskAgain",
+    "AskAgainPassages",
     "Claims",
     "Decision",
     "Failed",
+    "Relevant",
     "Repair",
     "ResendLater",
     "Scored",
@@ -63,6 +69,7 @@ class Scored:
 
     outcome: scoring.Outcome
     verdicts: dict[int, scoring.Verdict] | None = None
+    precision: precision_rules.Precision | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +85,21 @@ class AskAgain:
 
     missing: list[int]
     verdicts: dict[int, scoring.Verdict]
+
+
+@dataclass(frozen=True)
+class Relevant:
+    """A context_relevance answer: a verdict for every passage."""
+
+    relevance: dict[int, precision_rules.Relevance]
+
+
+@dataclass(frozen=True)
+class AskAgainPassages:
+    """Passages left without a relevance verdict: asked again once, keeping those given."""
+
+    missing: list[int]
+    relevance: dict[int, precision_rules.Relevance]
 
 
 @dataclass(frozen=True)
@@ -105,7 +127,18 @@ class Wait:
     delay_s: float | None = None
 
 
-Decision = Claims | Scored | Verdicts | AskAgain | Repair | Failed | ResendLater | Wait
+Decision = (
+    Claims
+    | Scored
+    | Verdicts
+    | AskAgain
+    | Relevant
+    | AskAgainPassages
+    | Repair
+    | Failed
+    | ResendLater
+    | Wait
+)
 
 
 # --- what users read --------------------------------------------------------------------------
@@ -250,8 +283,55 @@ def split_usage(usage: Usage, parts: int, weights: Sequence[int] | None = None) 
     return shares
 
 
-def scored(claims: Sequence[str], verdicts: dict[int, scoring.Verdict], scale: float) -> Scored:
-    return Scored(scoring.score_claims(list(claims), verdicts, scale), verdicts)
+def scored(
+    claims: Sequence[str],
+    verdicts: dict[int, scoring.Verdict],
+    scale: float,
+    n_contexts: int = 0,
+    precision: str = precision_rules.PrecisionMode.OFF,
+) -> Scored:
+    """The item's score and, for a run with precision `cited`, its context precision from the
+    passages the verdicts cite (`judged` adds it after its own call: see judged_precision)."""
+    cited = (
+        precision_rules.cited(verdicts, n_contexts, scale)
+        if precision == precision_rules.PrecisionMode.CITED
+        else None
+    )
+    return Scored(scoring.score_claims(list(claims), verdicts, scale), verdicts, cited)
+
+
+def needs_relevance(precision: str, n_contexts: int) -> bool:
+    """Whether an item makes a context_relevance call: precision `judged`, with a context."""
+    return precision == precision_rules.PrecisionMode.JUDGED and n_contexts > 0
+
+
+def relevance_found(
+    raw: Any,
+    asked: Sequence[int],
+    n_contexts: int,
+    kept: dict[int, precision_rules.Relevance],
+    reask: bool,
+) -> Relevant | AskAgainPassages | Failed:
+    """A context_relevance answer's verdicts for the passages at `asked` (sent with their own
+    indices), with those `kept` from an earlier answer. Passages left without one are asked
+    again once (`reask`: this was that second asking), then the item fails naming them."""
+    matched, _ = precision_rules.match_relevance(raw, n_contexts)
+    relevance = kept | {i: matched[i] for i in asked if i in matched}
+    missing = [i for i in asked if i not in relevance]
+    if not missing:
+        return Relevant(relevance)
+    if reask:
+        return Failed(precision_rules.no_relevance_error(missing))
+    return AskAgainPassages(missing, relevance)
+
+
+def judged_precision(
+    done: Scored, relevance: dict[int, precision_rules.Relevance], n_contexts: int, scale: float
+) -> Scored:
+    """A scored item with its `judged` context precision."""
+    verdicts = done.verdicts or {}
+    judged = precision_rules.judged(relevance, verdicts, n_contexts, scale)
+    return Scored(done.outcome, done.verdicts, judged)
 
 
 # --- failures -------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """A finished run in memory, for Python users: `recallq.evaluate(...)` returns a Result.
 
 Data frames need pandas (imported only when asked for): `to_pandas()` has one row per item,
-`claims_to_pandas()` one row per claim, with the columns of the CSV exports.
+`claims_to_pandas()` one row per claim, `passages_to_pandas()` one row per passage, with the
+columns of the CSV exports.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ from typing import Any
 
 from recallq.core import compare as ab
 from recallq.core import export
+from recallq.core import precision as precision_rules
 from recallq.core.groups import GroupedItem, check_field, summarise_groups
 from recallq.core.status import PublicItemStatus
 
 #: Columns of Result.to_pandas(): the CSV export's, without the claims (claims_to_pandas).
-ITEM_FRAME_COLUMNS = [column for column in export.ITEM_COLUMNS if column != "claims"]
+ITEM_FRAME_COLUMNS = [
+    column for column in export.ITEM_COLUMNS if column not in ("claims", "passages")
+]
 _ITEM_DATA_COLUMNS = ("input", "output", "ground_truth", "context", "metadata")
 
 
@@ -48,6 +52,12 @@ def claims_frame(results: Iterable[dict[str, Any]]) -> Any:
     """One row per claim: the item's id and index, claim_index, text, verdict,
     context_indices, reason."""
     return _pandas().DataFrame(list(export.claim_rows(results)), columns=export.CLAIM_COLUMNS)
+
+
+def passages_frame(results: Iterable[dict[str, Any]]) -> Any:
+    """One row per passage: the item's id and index, passage_index, relevant, claims (the
+    claims that cite it), reason (precision judged)."""
+    return _pandas().DataFrame(list(export.passage_rows(results)), columns=export.PASSAGE_COLUMNS)
 
 
 class Result:
@@ -88,11 +98,21 @@ class Result:
         """A DataFrame with one row per claim (see claims_frame)."""
         return claims_frame(self.items)
 
+    def passages_to_pandas(self) -> Any:
+        """One row per passage, with its relevance (see passages_frame)."""
+        return passages_frame(self.items)
+
     def summary_by(self, field: str) -> dict[str, dict[str, Any]]:
         """The summary per value of metadata field `field`: items, scored_items, failed,
         mean_score."""
         grouped = (
-            GroupedItem(item["status"], item["score"], item.get("metadata")) for item in self.items
+            GroupedItem(
+                item["status"],
+                item["score"],
+                item.get("metadata"),
+                context_precision=item.get("context_precision"),
+            )
+            for item in self.items
         )
         groups = summarise_groups(grouped, field)
         check_field(groups, field, lambda: (n for i in self.items for n in i.get("metadata") or {}))
@@ -106,9 +126,17 @@ class Result:
             raise ValueError(
                 f"the runs have different scales ({base.run['scale']:g} and {scale:g})"
             )
-        return ab.compare(
+        result = ab.compare(
             _item_scores(base.items), _item_scores(self.items), scale=scale, by=by, top=top
         )
+        before = {i["id"]: i.get("context_precision") for i in base.items}
+        pairs: list[tuple[str, float, float]] = []
+        for item in self.items:
+            was, now = before.get(item["id"]), item.get("context_precision")
+            if was is not None and now is not None:
+                pairs.append((item["id"], was, now))
+        result["precision"] = precision_rules.compare(sorted(pairs), top)
+        return result
 
     def __len__(self) -> int:
         return len(self.items)

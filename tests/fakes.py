@@ -37,6 +37,7 @@ class ScriptedJudge:
         self.during_attribution: Callable[[], object] = lambda: None
         self.extraction_calls = 0
         self.attribution_calls = 0
+        self.relevance_calls = 0
 
     def extract_claims(
         self, ground_truth: str, run_id: str, repair: Repair | None = None
@@ -64,6 +65,20 @@ class ScriptedJudge:
         verdicts = [
             {"claim_index": i, "verdict": "yes", "context_indices": [0], "reason": "stated"}
             for i in range(len(claims))
+        ]
+        return JudgeReply({"verdicts": verdicts}, self.usage)
+
+    def judge_relevance(
+        self,
+        ground_truth: str,
+        contexts: list[tuple[int, str]],
+        run_id: str,
+        repair: Repair | None = None,
+    ) -> JudgeReply:
+        self.relevance_calls += 1
+        verdicts = [
+            {"context_index": i, "verdict": "yes" if i == 0 else "no", "reason": "first"}
+            for i, _ in contexts
         ]
         return JudgeReply({"verdicts": verdicts}, self.usage)
 

@@ -26,10 +26,14 @@ Endpoints:
   batches; end an outage; reseed.
 
 Judge schemas: ``claim_extraction`` (data ``{"ground_truth"}`` -> ``{"claims"}``),
-``claim_attribution`` (data ``{"claims", "contexts"}`` -> ``{"verdicts"}``) and
+``claim_attribution`` (data ``{"claims", "contexts"}`` -> ``{"verdicts"}``),
 ``claim_extraction_packed`` (data ``{"ground_truths": [{"index", "text"}]}`` ->
 ``{"items": [{"index", "claims"}]}``, each item's claims exactly those of a single extraction
-of its text). The schema is the ``response_format`` json_schema name, else inferred from the
+of its text) and ``context_relevance`` (data ``{"ground_truth", "contexts"}`` ->
+``{"verdicts": [{"context_index", "verdict", "reason"}]}``: a passage is relevant when it holds
+every content word of one of the ground truth's claims, ``STUB_RELEVANCE_DROP_ONCE`` /
+``STUB_RELEVANCE_DROP_ALWAYS`` leave the last passage without a verdict
+once / always). The schema is the ``response_format`` json_schema name, else inferred from the
 data keys.
 
 Content markers (in a ground truth, claim or context text):
@@ -138,7 +142,10 @@ from typing import Any
 EXTRACTION = "claim_extraction"
 ATTRIBUTION = "claim_attribution"
 EXTRACTION_PACKED = "claim_extraction_packed"
-SCHEMAS = (EXTRACTION, ATTRIBUTION, EXTRACTION_PACKED)
+RELEVANCE = "context_relevance"
+SCHEMAS = (EXTRACTION, ATTRIBUTION, EXTRACTION_PACKED, RELEVANCE)
+MARK_RELEVANCE_DROP_ONCE = "STUB_RELEVANCE_DROP_ONCE"
+MARK_RELEVANCE_DROP_ALWAYS = "STUB_RELEVANCE_DROP_ALWAYS"
 
 MARK_BROKEN_JSON = "STUB_BROKEN_JSON"
 MARK_TRUNCATE = "STUB_TRUNCATE"
@@ -326,6 +333,8 @@ def schema_name(response_format: Any, data: dict[str, Any] | None) -> str | None
             return str(json_schema["name"])
     if not data:
         return None
+    if "ground_truth" in data and "contexts" in data:
+        return RELEVANCE
     if "ground_truth" in data:
         return EXTRACTION
     if "ground_truths" in data:
@@ -389,6 +398,25 @@ def attribute(claims: list[tuple[int, str]], contexts: list[tuple[int, str]]) ->
     return verdicts
 
 
+def relevance(ground_truth: str, contexts: list[tuple[int, str]]) -> list[dict]:
+    """A passage is relevant when it states a fact of the ground truth: it holds every content
+    word of one of its claims (the rule `attribute` supports a claim by, so a passage is
+    relevant exactly when a supported claim cites it)."""
+    claims = [content_words(claim) for claim in split_claims(ground_truth)]
+    verdicts = []
+    for index, text in contexts:
+        words = content_words(text)
+        relevant = any(claim <= words for claim in claims)
+        verdicts.append(
+            {
+                "context_index": index,
+                "verdict": "yes" if relevant else "no",
+                "reason": "stub: states a fact" if relevant else "stub: states none",
+            }
+        )
+    return verdicts
+
+
 def flips_claim(text: str, rate: float, seed: int) -> bool:
     """Whether the deterministic flip mode flips the verdict on a claim of this text: the
     same answer for the same text, seed and rate in every call and every process."""
@@ -438,6 +466,9 @@ def marker_text(schema: str, data: dict[str, Any]) -> str:
     """The text searched for STUB_* markers: ground truth(s), or claim and context texts."""
     if schema == EXTRACTION:
         return ground_truth_text(data)
+    if schema == RELEVANCE:
+        pairs = [(-1, ground_truth_text(data))] + indexed_texts(data.get("contexts"), "contexts")
+        return "\n".join(text for _, text in pairs)
     if schema == EXTRACTION_PACKED:
         pairs = indexed_texts(data.get("ground_truths"), "ground_truths")
     else:
@@ -933,6 +964,8 @@ class StubState:
     def _payload(self, schema: str, data: dict[str, Any], marked: str) -> tuple[dict, str | None]:
         if schema == EXTRACTION:
             return {"claims": extraction_claims(ground_truth_text(data))}, None
+        if schema == RELEVANCE:
+            return self._relevance(data, marked)
         claims = indexed_texts(data["claims"], "claims")
         contexts = indexed_texts(data["contexts"], "contexts")
         verdicts = self._flip(claims, contexts, attribute(claims, contexts))
@@ -960,6 +993,21 @@ class StubState:
                 flip = flips_claim(texts[verdict["claim_index"]], rate, self.config.flip_seed)
             out.append(flipped(verdict, contexts) if flip else verdict)
         return out
+
+    def _relevance(self, data: dict[str, Any], marked: str) -> tuple[dict, str | None]:
+        """context_relevance: STUB_RELEVANCE_DROP_ALWAYS always leaves the last passage without
+        a verdict, STUB_RELEVANCE_DROP_ONCE the first time those passages are asked."""
+        contexts = indexed_texts(data["contexts"], "contexts")
+        verdicts = relevance(ground_truth_text(data), contexts)
+        drop = MARK_RELEVANCE_DROP_ALWAYS in marked
+        if MARK_RELEVANCE_DROP_ONCE in marked and verdicts:
+            # the last passage, the one dropped: a re-ask carries only it, and is answered
+            key = data_key({"ground_truth": data.get("ground_truth"), "last": contexts[-1][1]})
+            drop = key not in self.dropped_once
+            self.dropped_once.add(key)
+        if drop and verdicts:
+            return {"verdicts": verdicts[:-1]}, "dropped_verdict"
+        return {"verdicts": verdicts}, None
 
     def _drop_last(self, data: dict[str, Any], claims: list[tuple[int, str]], marked: str) -> bool:
         """STUB_ALWAYS_DROP always drops; STUB_DROP_VERDICT drops once per claim set.

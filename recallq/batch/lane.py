@@ -392,6 +392,7 @@ class BatchLane:
             batch.model,
             batch.scale or 1.0,
             batch.retry_deadline_s,
+            batch.precision or "cited",
         )
         applied, after = 0, 0
         while rows := self.store.sent(batch.id, after=after, limit=CHUNK):
@@ -443,7 +444,9 @@ class BatchLane:
                 False,
             )
         if isinstance(decision, Verdicts):
-            done = pipeline.scored(request.claims, decision.verdicts, run.scale)
+            done = pipeline.scored(
+                request.claims, decision.verdicts, run.scale, len(request.contexts), run.precision
+            )
             self.items.succeed(
                 conn,
                 item_id,
@@ -452,6 +455,7 @@ class BatchLane:
                 Stage.ATTRIBUTION,
                 list(request.claims),
                 done.verdicts,
+                precision=done.precision,
             )
             return []
         if isinstance(decision, AskAgain):

@@ -97,6 +97,7 @@ class LaneRun:
     model: str
     scale: float
     retry_deadline_s: float | None
+    precision: str = "cited"  # cited | off (a batch-mode run is never judged)
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,7 @@ class BatchRow:
     retry_deadline_s: float | None
     scale: float | None
     project: str | None
+    precision: str | None = None
 
     @property
     def run_gone(self) -> bool:
@@ -200,11 +202,15 @@ class LaneStore:
                     runs.c.model,
                     runs.c.scale,
                     runs.c.retry_deadline_s,
+                    runs.c.precision,
                 )
                 .where(runs.c.status == RunStatus.RUNNING, runs.c.mode == RunMode.BATCH)
                 .order_by(runs.c.created_at)
             ).all()
-        return [LaneRun(r.id, r.project, r.model, r.scale, r.retry_deadline_s) for r in rows]
+        return [
+            LaneRun(r.id, r.project, r.model, r.scale, r.retry_deadline_s, r.precision)
+            for r in rows
+        ]
 
     def unplanned(self, run_id: str, limit: int) -> list[Unplanned]:
         """Batched items of the run with no request ready or sent: adopted just now, or left
@@ -390,6 +396,7 @@ class LaneStore:
                     runs.c.retry_deadline_s,
                     runs.c.scale,
                     runs.c.project,
+                    runs.c.precision,
                 )
                 .join_from(batches, runs, runs.c.id == batches.c.run_id, isouter=True)
                 .where(where)
@@ -414,6 +421,7 @@ class LaneStore:
                 retry_deadline_s=r.retry_deadline_s,
                 scale=r.scale,
                 project=r.project,
+                precision=r.precision,
             )
             for r in rows
         ]

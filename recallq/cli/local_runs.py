@@ -65,7 +65,7 @@ def report(
     code, reasons = gates.exit_code(view, gate)
     for reason in reasons:
         print(f"recallq: {reason}", file=sys.stderr)
-    if code == Exit.OK and (gate.min_score is not None or gate.max_failed is not None):
+    if code == Exit.OK and gate.has_thresholds:
         print(gates.passed_line(view, gate), file=out)
     return code
 
@@ -134,6 +134,7 @@ def run(args: argparse.Namespace) -> int:
             "context_extractor": args.context_extractor,
             "claims_from": getattr(args, "claims_from", None),
             "retry_deadline_s": getattr(args, "retry_deadline", None),
+            "precision": getattr(args, "precision", None),
         }
         spec = runs.RunService(runtime, local=True).spec(fields, local.PROJECT)
         migrate.upgrade(settings.database_url)

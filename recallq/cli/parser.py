@@ -137,6 +137,11 @@ def _add_run_fields(parser: argparse.ArgumentParser) -> None:
         help="how long an item may wait out a provider that does not answer before it fails "
         "(default RECALLQ_RETRY_DEADLINE, 6 h)",
     )
+    parser.add_argument(
+        "--precision",
+        help="context precision: cited (default: from attribution's citations, no extra "
+        "call), judged (one context_relevance call per item) or off",
+    )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
 
 
@@ -151,6 +156,11 @@ def _add_gate(parser: argparse.ArgumentParser) -> None:
         "--max-no-context",
         type=_non_negative_int,
         help="exit 1 when more items than this were scored without any context",
+    )
+    parser.add_argument(
+        "--min-precision",
+        type=float,
+        help="exit 1 when the mean context precision is below this",
     )
 
 
@@ -172,8 +182,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     run.add_argument(
         "--format",
-        choices=["jsonl", "csv", "claims.csv"],
-        help="format of --out (default: from its name; *.claims.csv is one row per claim)",
+        choices=["jsonl", "csv", "claims.csv", "passages.csv"],
+        help="format of --out (default: from its name; *.claims.csv is one row per claim, "
+        "*.passages.csv one per passage)",
     )
     run.add_argument("--concurrency", type=int, help="judge calls in flight (threads)")
     run.add_argument(
@@ -267,7 +278,9 @@ def build_parser() -> argparse.ArgumentParser:
     results = sub.add_parser("results", help="a run's per-item results with claims")
     results.add_argument("run_id")
     add_api_option(results)
-    results.add_argument("--format", choices=["jsonl", "csv", "claims.csv"], default="jsonl")
+    results.add_argument(
+        "--format", choices=["jsonl", "csv", "claims.csv", "passages.csv"], default="jsonl"
+    )
     results.add_argument("--out", type=Path, help="file to write (default, or -: stdout)")
     results.add_argument(
         "--no-item-data",
@@ -364,6 +377,9 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         metavar="FIELD=TARGET",
         help="read FIELD as TARGET, as `recallq run --map` does",
+    )
+    estimate.add_argument(
+        "--precision", help="cited (default), judged (a context_relevance call an item) or off"
     )
     estimate.add_argument("--json", action="store_true", help="print the estimate as JSON")
     estimate.set_defaults(func=_command("run_commands", "estimate"))

@@ -72,7 +72,7 @@ def submit(args: argparse.Namespace) -> int:
     code, reasons = gates.exit_code(view, thresholds)
     for reason in reasons:
         print(f"recallq: {reason}", file=sys.stderr)
-    if code == Exit.OK and (thresholds.min_score is not None or thresholds.max_failed is not None):
+    if code == Exit.OK and thresholds.has_thresholds:
         print(gates.passed_line(view, thresholds), file=sys.stderr)
     return code
 
@@ -90,6 +90,7 @@ def _submitted(client: Client, args: argparse.Namespace, mapping: dict[str, str]
         mode="batch" if args.batch else None,
         claims_from=args.claims_from,
         retry_deadline_s=args.retry_deadline,
+        precision=args.precision,
     )
 
 
@@ -247,6 +248,7 @@ def estimate(args: argparse.Namespace) -> int:
             "model": args.model,
             "context": args.context,
             "context_extractor": args.context_extractor,
+            "precision": args.precision,
         }
         spec = runs.spec_of(fields, settings, models)
     except (ingest.SubmissionError, JudgeModelsError, dataset.DatasetError) as exc:
@@ -306,6 +308,11 @@ def _print_estimate(estimate: dict[str, Any], as_json: bool) -> None:
         ("model", estimate["model"]),
         ("items", str(estimate["items"])),
         ("judge calls", f"{estimate['calls']} ({estimate['cache_hits']} claim-cache hits)"),
+        *(
+            [("relevance calls", str(estimate["relevance_calls"]))]
+            if estimate.get("relevance_calls")
+            else []
+        ),
         ("prompt tokens", str(estimate["prompt_tokens"])),
         ("completion tokens", str(estimate["completion_tokens"])),
         ("cost", "unknown (no price for this model)" if cost is None else f"${cost:.4f}"),

@@ -1,6 +1,7 @@
-"""Results as files: JSONL (an item per line, with its claims), CSV (a row per item) and
-claims CSV (a row per claim). One code path for `recallq results`, `recallq run --out`, the
-API's `/results` and the Python API's data frames."""
+"""Results as files: JSONL (an item per line, with its claims), CSV (a row per item),
+claims CSV (a row per claim) and passages CSV (a row per passage, with its relevance). One
+code path for `recallq results`, `recallq run --out`, the API's `/results` and the Python API's
+data frames."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, TextIO
 
-FORMATS = ("jsonl", "csv", "claims.csv")
+FORMATS = ("jsonl", "csv", "claims.csv", "passages.csv")
 
 ITEM_COLUMNS = [
     "id",
@@ -24,6 +25,11 @@ ITEM_COLUMNS = [
     "reason",
     "error",
     "claims",
+    "context_precision",
+    "first_relevant_rank",
+    "id_precision",
+    "id_recall",
+    "passages",
     # present unless the results were read without item data
     "input",
     "output",
@@ -40,7 +46,13 @@ CLAIM_COLUMNS = [
     "context_indices",
     "reason",
 ]
-MEDIA_TYPES = {"jsonl": "application/x-ndjson", "csv": "text/csv", "claims.csv": "text/csv"}
+PASSAGE_COLUMNS = ["id", "index", "passage_index", "relevant", "claims", "reason"]
+MEDIA_TYPES = {
+    "jsonl": "application/x-ndjson",
+    "csv": "text/csv",
+    "claims.csv": "text/csv",
+    "passages.csv": "text/csv",
+}
 #: A CSV row and a data frame also have a column per metadata field, `metadata.NAME` (the
 #: `metadata` column keeps the whole object as JSON), so a spreadsheet filters by them.
 METADATA_COLUMN = "metadata."
@@ -71,10 +83,13 @@ def with_metadata_columns(
 
 
 def format_for(path: Path) -> str:
-    """The format a file name asks for: `*.claims.csv` claims CSV, `*.csv` CSV, else JSONL."""
+    """The format a file name asks for: `*.claims.csv` claims CSV, `*.passages.csv` passages
+    CSV, `*.csv` CSV, else JSONL."""
     name = path.name.lower()
     if name.endswith("claims.csv"):
         return "claims.csv"
+    if name.endswith("passages.csv"):
+        return "passages.csv"
     return "csv" if name.endswith(".csv") else "jsonl"
 
 
@@ -90,6 +105,20 @@ def claim_rows(results: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
                 "verdict": claim["verdict"],
                 "context_indices": claim["context_indices"],
                 "reason": claim["reason"],
+            }
+
+
+def passage_rows(results: Iterable[dict[str, Any]]) -> Iterator[dict[str, Any]]:
+    """One row per passage of the items with a context precision (PASSAGE_COLUMNS)."""
+    for result in results:
+        for passage in result.get("passages") or ():
+            yield {
+                "id": result["id"],
+                "index": result["index"],
+                "passage_index": passage["index"],
+                "relevant": passage["relevant"],
+                "claims": passage["claims"],
+                "reason": passage.get("reason"),
             }
 
 
@@ -110,6 +139,8 @@ def lines(
         yield from _csv(with_metadata_columns(results, metadata_fields), columns, header)
     elif format == "claims.csv":
         yield from _csv(claim_rows(results), CLAIM_COLUMNS, header)
+    elif format == "passages.csv":
+        yield from _csv(passage_rows(results), PASSAGE_COLUMNS, header)
     else:
         raise ValueError(f"unknown format {format!r}; use one of {', '.join(FORMATS)}")
 

@@ -20,15 +20,25 @@ class Gate:
     min_score: float | None = None
     max_failed: int | None = None
     max_no_context: int | None = None
+    #: the run's mean context precision at least this (in the run's scale)
+    min_precision: float | None = None
+
+    @property
+    def has_thresholds(self) -> bool:
+        """Whether a threshold was given (a passing gate then says what it checked)."""
+        return any(
+            value is not None for value in (self.min_score, self.max_failed, self.min_precision)
+        )
 
     @classmethod
     def of(cls, options: Any) -> Gate:
         """The thresholds in parsed command-line options (--min-score, --max-failed,
-        --max-no-context)."""
+        --max-no-context, --min-precision)."""
         return cls(
             getattr(options, "min_score", None),
             getattr(options, "max_failed", None),
             getattr(options, "max_no_context", None),
+            getattr(options, "min_precision", None),
         )
 
 
@@ -75,6 +85,19 @@ def misses(view: dict[str, Any], gate: Gate) -> list[str]:
             reasons.append(
                 f"mean score {number(mean)} is below --min-score {number(gate.min_score)}"
             )
+    if gate.min_precision is not None:
+        precision = view["summary"].get("mean_context_precision")
+        if precision is None:
+            reasons.append(
+                "no item has a context precision (precision off, or no item with a context "
+                f"and a ground truth), so it cannot reach --min-precision "
+                f"{number(gate.min_precision)}"
+            )
+        elif precision < gate.min_precision:
+            reasons.append(
+                f"mean context precision {number(precision)} is below --min-precision "
+                f"{number(gate.min_precision)}"
+            )
     return reasons
 
 
@@ -90,6 +113,12 @@ def passed_line(view: dict[str, Any], gate: Gate) -> str:
     mean = view["summary"]["mean_score"]
     if gate.min_score is not None and mean is not None:
         parts.append(f"mean score {number(mean)} >= --min-score {number(gate.min_score)}")
+    precision = view["summary"].get("mean_context_precision")
+    if gate.min_precision is not None and precision is not None:
+        parts.append(
+            f"mean context precision {number(precision)} >= --min-precision "
+            f"{number(gate.min_precision)}"
+        )
     failed = view["counts"][PublicItemStatus.FAILED]
     parts.append(f"{failed} failed <= --max-failed {gate.max_failed or 0}")
     if gate.max_no_context is not None:

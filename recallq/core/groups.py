@@ -49,13 +49,17 @@ class GroupedItem:
     score: float | None
     metadata: Mapping[str, Any] | None
     count: int = 1
+    context_precision: float | None = None
 
 
 def summarise_groups(items: Iterable[GroupedItem], by: str) -> dict[str, dict[str, Any]]:
     """Per group, in name order: ``items``, ``scored_items``, ``failed`` and ``mean_score`` (of
-    the scored items, rounded to 4 decimals; None when none was scored)."""
+    the scored items, rounded to 4 decimals; None when none was scored), and
+    ``mean_context_precision`` with its 95% interval ``context_precision_ci95`` (of the scored
+    items with a context precision)."""
     groups: dict[str, dict[str, Any]] = {}
     scores: dict[str, list[float]] = {}
+    precisions: dict[str, list[float]] = {}
     for item in items:
         name = group_value(item.metadata, by) or MISSING_GROUP
         group = groups.setdefault(name, {"items": 0, "scored_items": 0, "failed": 0})
@@ -63,11 +67,30 @@ def summarise_groups(items: Iterable[GroupedItem], by: str) -> dict[str, dict[st
         if item.status == ItemStatus.SUCCEEDED and item.score is not None:
             group["scored_items"] += item.count
             scores.setdefault(name, []).extend([item.score] * item.count)
+            if item.context_precision is not None:
+                values = [item.context_precision] * item.count
+                precisions.setdefault(name, []).extend(values)
         elif item.status == ItemStatus.FAILED:
             group["failed"] += item.count
     return {
-        name: {**groups[name], "mean_score": _mean(scores.get(name, []))} for name in sorted(groups)
+        name: {
+            **groups[name],
+            "mean_score": _mean(scores.get(name, [])),
+            "mean_context_precision": _mean(precisions.get(name, [])),
+            "context_precision_ci95": _interval(precisions.get(name, [])),
+        }
+        for name in sorted(groups)
     }
+
+
+def _interval(values: list[float]) -> list[float] | None:
+    """Normal 95% interval of the mean (as recallq.core.compare.mean_interval), unclipped."""
+    if not values:
+        return None
+    mean = math.fsum(values) / len(values)
+    spread = math.sqrt(max(0.0, math.fsum(v * v for v in values) / len(values) - mean * mean))
+    half = 1.959964 * spread / math.sqrt(len(values))
+    return [round(max(0.0, mean - half), _DECIMALS) + 0.0, round(mean + half, _DECIMALS) + 0.0]
 
 
 def _mean(values: list[float]) -> float | None:

@@ -28,6 +28,7 @@ class Taken:
     waiting_since: float | None = None  # unix seconds: waiting out a provider incident since
     project: str = "default"  # the run's: the claim cache is the project's own
     key: str = ""  # the user's id of the item, for logs (an older message has none)
+    precision: str = "cited"  # the run's precision mode (recallq.core.precision.PrecisionMode)
 
     @property
     def label(self) -> str:
@@ -50,6 +51,8 @@ class Stage(StrEnum):
 
     EXTRACTION = "extraction"
     ATTRIBUTION = "attribution"
+    #: the context_relevance call of a run with precision "judged"
+    RELEVANCE = "relevance"
 
 
 class SkipReason(StrEnum):

@@ -4,7 +4,8 @@
     extract_group(items) take each item (own it under a fresh owner token, or learn there is
                          nothing to do), then find their claims: from the claim cache, or one
                          judge call per pack of up to N ground truths
-    attribute(pass)      verdicts, score and reason: one judge call per item
+    attribute(pass)      verdicts, score and reason: one judge call per item; a run with
+                         precision "judged" adds one context_relevance call (relevance stage)
     settle(outcome)      when an item ended, send the items released in its place, or complete
                          the run with its last item
 
@@ -30,13 +31,14 @@ from typing import Protocol
 
 from recallq import pipeline
 from recallq.coordination.call_gate import RunCancelled
+from recallq.core import precision as precision_rules
 from recallq.core import scoring
 from recallq.core.errors import JudgeError, MalformedAnswer, PermanentJudgeError
 from recallq.core.outcomes import Continue, Deferred, Ended, Skipped, Stage, StageOutcome, Taken
 from recallq.core.usage import NO_USAGE, Usage
 from recallq.judge.base import Judge, JudgeReply, Repair
 from recallq.judge.by_model import JudgeRegistry
-from recallq.pipeline import Failed, Scored, Verdicts, split_usage
+from recallq.pipeline import Failed, Relevant, Scored, Verdicts, split_usage
 from recallq.state.claim_cache import ClaimCache
 from recallq.state.items import ItemStore
 from recallq.state.runs import RunStore
@@ -174,11 +176,61 @@ class Engine:
             if isinstance(found, Failed):
                 return self._fail(taken, found.error, usage, Stage.ATTRIBUTION)
             if isinstance(found, Verdicts):
-                done = pipeline.scored(claims, found.verdicts, taken.scale)
+                done = pipeline.scored(
+                    claims, found.verdicts, taken.scale, len(contexts), taken.precision
+                )
+                if pipeline.needs_relevance(taken.precision, len(contexts)):
+                    return self._relevance(judge, taken, contexts, done, usage)
                 return self.items.succeed(
-                    taken, done.outcome, usage, Stage.ATTRIBUTION, done.verdicts
+                    taken,
+                    done.outcome,
+                    usage,
+                    Stage.ATTRIBUTION,
+                    done.verdicts,
+                    precision=done.precision,
                 )
             asked, kept, reask = found.missing, found.verdicts, True
+
+    def _relevance(
+        self, judge: Judge, taken: Taken, contexts: list[str], done: Scored, spent: Usage
+    ) -> StageOutcome:
+        """Precision "judged": one context_relevance call with every passage (verdicts matched
+        by context_index); passages left without a verdict are asked again once, then the item
+        fails naming them. Its usage is the relevance stage's; `spent` is attribution's."""
+        assert taken.ground_truth is not None  # take ended items without one
+        usage = NO_USAGE
+        asked = list(range(len(contexts)))
+        kept: dict[int, precision_rules.Relevance] = {}
+        reask = False
+        while True:
+            passages = [(i, contexts[i]) for i in asked]
+            answer, used = ask_repairing(
+                partial(judge.judge_relevance, taken.ground_truth, passages, taken.run_id)
+            )
+            usage += used
+            if not isinstance(answer, JudgeReply):
+                if isinstance(answer, Failed):
+                    return self._fail(taken, answer.error, spent, Stage.ATTRIBUTION, usage)
+                return self._settle_error(taken, answer, spent, Stage.ATTRIBUTION, usage)
+            found = pipeline.relevance_found(
+                answer.data.get("verdicts"), asked, len(contexts), kept, reask
+            )
+            if isinstance(found, Failed):
+                return self._fail(taken, found.error, spent, Stage.ATTRIBUTION, usage)
+            if isinstance(found, Relevant):
+                judged = pipeline.judged_precision(
+                    done, found.relevance, len(contexts), taken.scale
+                )
+                return self.items.succeed(
+                    taken,
+                    judged.outcome,
+                    spent,
+                    Stage.ATTRIBUTION,
+                    judged.verdicts,
+                    precision=judged.precision,
+                    relevance=usage,
+                )
+            asked, kept, reask = found.missing, found.relevance, True
 
     def go_on(
         self,
@@ -312,7 +364,12 @@ class Engine:
         return self._settle_error(taken, answer, usage, stage)
 
     def _settle_error(
-        self, taken: Taken, exc: JudgeError, usage: Usage, stage: Stage
+        self,
+        taken: Taken,
+        exc: JudgeError,
+        usage: Usage,
+        stage: Stage,
+        relevance: Usage = NO_USAGE,
     ) -> Ended | Skipped | Deferred:
         """A call that cannot succeed now (no rate-limit room, a provider incident) puts the
         item back in the queue until it can, keeping its claims and usage; a provider
@@ -323,18 +380,21 @@ class Engine:
             if exc.reason == "budget" and self.runs.cancel_for_budget(taken.run_id):
                 log.info("run %s reached its budget: cancelled", taken.run_id[:8])
             # the item is cancelled now: fail() finds it so and only charges what was spent
-            ended = self.items.fail(taken, str(exc), usage, stage)
+            ended = self.items.fail(taken, str(exc), usage, stage, relevance)
             log.info("%s cancelled: %s", taken.label, exc)
             return ended
         deadline = pipeline.retry_deadline_s(taken.retry_deadline_s, self.retry_deadline)
         decision = pipeline.after_error(exc, taken.waiting_since, time.time(), deadline)
         if isinstance(decision, Failed):
-            return self._fail(taken, decision.error, usage, stage)
+            return self._fail(taken, decision.error, usage, stage, relevance)
         delay = decision.delay_s or 0.0
-        return self.items.defer(taken, delay, usage, stage, _datetime(decision.since_s))
+        since = _datetime(decision.since_s)
+        return self.items.defer(taken, delay, usage, stage, since, relevance)
 
-    def _fail(self, taken: Taken, error: str, usage: Usage, stage: Stage) -> Ended | Skipped:
-        ended = self.items.fail(taken, error, usage, stage)
+    def _fail(
+        self, taken: Taken, error: str, usage: Usage, stage: Stage, relevance: Usage = NO_USAGE
+    ) -> Ended | Skipped:
+        ended = self.items.fail(taken, error, usage, stage, relevance)
         if isinstance(ended, Ended):  # else it had moved on: cancelled, or taken over
             log.info("%s failed: %s", taken.label, error)
         return ended

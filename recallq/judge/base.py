@@ -46,6 +46,8 @@ class Judge(Protocol):
                            -> {"items": [{"index", "claims": [str, ...]}]}
     attribute: data {"claims": [{"index", "text"}], "contexts": [{"index", "text"}]}
                -> {"verdicts": [{"claim_index", "verdict", "context_indices", "reason"}]}
+    judge_relevance: data {"ground_truth": str, "contexts": [{"index", "text"}]}
+               -> {"verdicts": [{"context_index", "verdict", "reason"}]}  (context_relevance)
     """
 
     name: str
@@ -59,3 +61,13 @@ class Judge(Protocol):
     def attribute(
         self, claims: list[str], contexts: list[str], run_id: str, repair: Repair | None = None
     ) -> JudgeReply: ...
+
+    def judge_relevance(
+        self,
+        ground_truth: str,
+        contexts: list[tuple[int, str]],
+        run_id: str,
+        repair: Repair | None = None,
+    ) -> JudgeReply:
+        """`contexts`: the passages asked, each with its index in the item's context."""
+        ...

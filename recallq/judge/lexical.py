@@ -124,6 +124,33 @@ class LexicalJudge:
         verdicts = [_verdict(index, claim, context_words) for index, claim in enumerate(claims)]
         return JudgeReply(data={"verdicts": verdicts})
 
+    def judge_relevance(
+        self,
+        ground_truth: str,
+        contexts: list[tuple[int, str]],
+        run_id: str = "",
+        repair: Repair | None = None,
+    ) -> JudgeReply:
+        """A passage is relevant when it supports one of the ground truth's claims (the rule
+        attribution uses, so `judged` and `cited` agree for this judge)."""
+        claims = [_content_words(claim) for claim in split_claims(ground_truth)]
+        verdicts = []
+        for index, text in contexts:
+            words = [set(_content_words(text))]
+            supported = [i for i, claim in enumerate(claims) if _supporting(claim, words)]
+            verdicts.append(
+                {
+                    "context_index": index,
+                    "verdict": "yes" if supported else "no",
+                    "reason": (
+                        f"supports claim(s) {', '.join(map(str, supported))}"
+                        if supported
+                        else "supports none of the ground truth's claims"
+                    ),
+                }
+            )
+        return JudgeReply(data={"verdicts": verdicts})
+
 
 def _split_sentences(line: str) -> list[str]:
     sentences: list[str] = []

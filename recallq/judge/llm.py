@@ -186,6 +186,16 @@ class LLMJudge:
         messages = protocol.attribution_messages(claims, contexts)
         return self._ask(protocol.ATTRIBUTION, messages, run_id, repair)
 
+    def judge_relevance(
+        self,
+        ground_truth: str,
+        contexts: list[tuple[int, str]],
+        run_id: str,
+        repair: Repair | None = None,
+    ) -> JudgeReply:
+        messages = protocol.relevance_messages(ground_truth, contexts)
+        return self._ask(protocol.RELEVANCE, messages, run_id, repair)
+
     def _ask(
         self, schema: str, messages: list[dict[str, str]], run_id: str, repair: Repair | None
     ) -> JudgeReply:

@@ -15,11 +15,13 @@ PROMPT_VERSION = "v1"
 EXTRACTION = "claim_extraction"
 EXTRACTION_PACKED = "claim_extraction_packed"
 ATTRIBUTION = "claim_attribution"
+RELEVANCE = "context_relevance"
 #: the stage each call of the protocol serves (what usage and metrics count it under)
 STAGE_OF = {
     EXTRACTION: Stage.EXTRACTION,
     EXTRACTION_PACKED: Stage.EXTRACTION,
     ATTRIBUTION: Stage.ATTRIBUTION,
+    RELEVANCE: Stage.RELEVANCE,
 }
 
 EXTRACTION_SCHEMA: dict[str, Any] = {
@@ -71,10 +73,32 @@ EXTRACTION_PACKED_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
+RELEVANCE_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "verdicts": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "context_index": {"type": "integer"},
+                    "verdict": {"type": "string", "enum": ["yes", "no"]},
+                    "reason": {"type": "string"},
+                },
+                "required": ["context_index", "verdict", "reason"],
+                "additionalProperties": False,
+            },
+        }
+    },
+    "required": ["verdicts"],
+    "additionalProperties": False,
+}
+
 SCHEMAS = {
     EXTRACTION: EXTRACTION_SCHEMA,
     EXTRACTION_PACKED: EXTRACTION_PACKED_SCHEMA,
     ATTRIBUTION: ATTRIBUTION_SCHEMA,
+    RELEVANCE: RELEVANCE_SCHEMA,
 }
 
 EXTRACTION_SYSTEM = """\
@@ -109,11 +133,25 @@ Rules:
 date and qualifier in the claim must be stated or directly entailed there.
 - "no" when any part is missing, only implied by general knowledge, or contradicted \
 (a different number or date is a contradiction).
-- context_indices lists the indices of the contexts that support a "yes" claim; [] for "no".
+- context_indices lists the index of every context that supports a "yes" claim: all of them, \
+not only the first one found; [] for "no".
 - reason: one short sentence citing the supporting text, or saying what is missing.
 - Give exactly one verdict per claim, using its claim_index.
 - Answer only with JSON of the form {"verdicts": [{"claim_index": 0, "verdict": "yes", \
 "context_indices": [0], "reason": "..."}]}."""
+
+RELEVANCE_SYSTEM = """\
+You judge whether each retrieved context passage is relevant to a reference answer.
+
+Rules:
+- "yes" when the passage states at least one fact of the reference answer (an entity, number, \
+date or qualifier of it, stated or directly entailed); "no" when it states none of them, even \
+if it is on the same topic.
+- Judge each passage on its own; use only its text and the reference answer.
+- reason: one short sentence naming the fact it states, or saying it states none.
+- Give exactly one verdict per passage, using its index as context_index.
+- Answer only with JSON of the form {"verdicts": [{"context_index": 0, "verdict": "yes", \
+"reason": "..."}]}."""
 
 REPAIR_INSTRUCTION = (
     "Your previous answer could not be used: {problem}. Answer again for the same data with "
@@ -190,6 +228,26 @@ def attribution_messages(claims: list[str], contexts: list[str]) -> list[dict[st
     ]
 
 
+def relevance_messages(
+    ground_truth: str, contexts: Sequence[tuple[int, str]]
+) -> list[dict[str, str]]:
+    """The context_relevance call: the ground truth and the passages (each with its own index
+    in the item's context: a re-ask sends only those left without a verdict)."""
+    data = {
+        "ground_truth": ground_truth,
+        "contexts": [{"index": i, "text": text} for i, text in contexts],
+    }
+    return [
+        {"role": "system", "content": RELEVANCE_SYSTEM},
+        {
+            "role": "user",
+            "content": data_message(
+                "Judge whether each context passage states a fact of this ground truth.", data
+            ),
+        },
+    ]
+
+
 def repair_messages(
     messages: list[dict[str, str]], bad_answer: str | None, problem: str
 ) -> list[dict[str, str]]:
@@ -252,7 +310,7 @@ def parse_answer(
     if schema_name == EXTRACTION:
         data["claims"] = _claims(data["claims"])
         check_claims(data["claims"], limits)
-    elif schema_name == ATTRIBUTION:
+    elif schema_name in (ATTRIBUTION, RELEVANCE):
         _check_reasons(data["verdicts"], limits)
     return data
 

@@ -6,11 +6,11 @@
              model, and on the API the work waiting across active runs and the pending batches
 
 Labels are of low cardinality only: a model named in the models file, a stage, an outcome, a
-status, a route template. Never a run, an item, a key or a project: every process's series stay
-a fixed, small set however many runs it scores. Each API process serves its own registry; the
-processes of one `recallq worker` command write theirs to files in one directory
-(prometheus-client's multiprocess mode, recallq.patches) and any of them serves their sum on
-the command's one port (`listen`, `serve_processes`). The `instance` label Prometheus adds
+precision mode, a status, a route template. Never a run, an item, a key or a project: every
+process's series stay a fixed, small set however many runs it scores. Each API process serves
+its own registry; the processes of one `recallq worker` command write theirs to files in one
+directory (prometheus-client's multiprocess mode, recallq.patches) and any of them serves their
+sum on the command's one port (`listen`, `serve_processes`). The `instance` label Prometheus adds
 tells commands apart. docs/operations.md lists every metric.
 """
 
@@ -85,6 +85,11 @@ BREAKER_OPENINGS = Counter(
 BATCHES_APPLIED = Counter(
     "recallq_batch_batches_applied", "Provider batches whose results were applied", ["model"]
 )
+PRECISION_ITEMS = Counter(
+    "recallq_precision_items",
+    "Items scored with a context precision, by precision mode (cited|judged)",
+    ["mode"],
+)
 HTTP_REQUEST_SECONDS = Histogram(
     "recallq_http_request_seconds",
     "API requests by method, route template and status code, until the response ended",
@@ -99,6 +104,11 @@ def items_moved(status: str, count: int) -> None:
     ITEM_TRANSITIONS.labels(str(status)).inc(count)
     if status in ITEM_ENDED:
         ITEMS_ENDED.labels(str(status)).inc(count)
+
+
+def precision_scored(mode: str) -> None:
+    """The stores: an item ended with a context precision of this mode."""
+    PRECISION_ITEMS.labels(str(mode)).inc()
 
 
 def judge_call(model: str, stage: str, outcome: str, seconds: float) -> None:

@@ -23,15 +23,16 @@ from sqlalchemy import text as sql
 from sqlalchemy.orm import Session, aliased
 
 from recallq.core import compare as ab
+from recallq.core import precision as precision_rules
 from recallq.core.groups import GroupedItem, check_field, summarise_groups
 from recallq.core.status import ItemStatus
 from recallq.runs.item_views import claims_by_item, metadata_fields
 from recallq.state import kept
 from recallq.state.tables import Claim, Item, Run
 
-_COMPARISON: kept.Kind[dict[str, Any]] = kept.Kind("compare", kept.shape("compare", [1]))
+_COMPARISON: kept.Kind[dict[str, Any]] = kept.Kind("compare", kept.shape("compare", [2]))
 _GROUP_SUMMARY: kept.Kind[dict[str, dict[str, Any]]] = kept.Kind(
-    "groups", kept.shape("groups", [1])
+    "groups", kept.shape("groups", [2])
 )
 
 
@@ -70,6 +71,7 @@ def compare_runs(
     def compare() -> dict[str, Any]:
         pairing = _pair_runs(session, base.id, candidate.id, scale=base.scale, top=top, by=by)
         result = ab.summarise(pairing, scale=base.scale, by_group=by is not None)
+        result["precision"] = _precision(session, base.id, candidate.id, top)
         if pairs:
             paired = _Paired(session, base.id, candidate.id)
             result["pairs"] = _pair_sample(paired, pairing, pairs)
@@ -137,6 +139,18 @@ def _pair_runs(
         largest=_largest_changes(session, paired, ab.tolerance(scale), top),
         claims_flipped=_flip_counts(session, paired),
     )
+
+
+def _precision(session: Session, base_id: str, candidate_id: str, top: int) -> dict[str, Any]:
+    """The two runs' context precision, paired by item id (recallq.core.precision.compare)."""
+    paired = _Paired(session, base_id, candidate_id)
+    b, c = paired.base, paired.candidate
+    rows = session.execute(
+        paired.select(b.key, b.context_precision, c.context_precision).where(
+            paired.scored, b.context_precision.is_not(None), c.context_precision.is_not(None)
+        )
+    )
+    return precision_rules.compare([(key, bp, cp) for key, bp, cp in rows], top)
 
 
 class _Paired:
@@ -260,11 +274,14 @@ def group_summary(session: Session, run_id: str, by: str) -> dict[str, dict[str,
     def summarise() -> dict[str, dict[str, Any]]:
         value, metadata = _metadata_field(session, Item, by)
         rows = session.execute(
-            select(value, Item.status, Item.score, func.count())
+            select(value, Item.status, Item.score, Item.context_precision, func.count())
             .where(Item.run_id == run_id)
-            .group_by(value, Item.status, Item.score)
+            .group_by(value, Item.status, Item.score, Item.context_precision)
         )
-        alike = (GroupedItem(status, score, metadata(raw), n) for raw, status, score, n in rows)
+        alike = (
+            GroupedItem(status, score, metadata(raw), n, precision)
+            for raw, status, score, precision, n in rows
+        )
         return summarise_groups(alike, by)
 
     run = session.get(Run, run_id)

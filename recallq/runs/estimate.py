@@ -9,7 +9,8 @@ Per item, as the engine does it (judge protocol v1):
   what attribution is asked about); else online, one packed call per pack of ground truths
   (up to the model's pack size and the pack token budget; a pack of one is a single-item
   call), and in batch mode one request per item (the batch lane does not pack);
-- attribution: one call when the item has context passages, none otherwise.
+- attribution: one call when the item has context passages, none otherwise;
+- relevance (precision "judged"): one context_relevance call when it is attributed.
 Online calls are priced at the model's price, batch requests at its batch price.
 
 Prompt tokens are the characters of the messages the protocol would send, divided by four
@@ -44,6 +45,7 @@ class Estimate:
     calls: int = 0
     extraction_calls: int = 0
     attribution_calls: int = 0
+    relevance_calls: int = 0
     cache_hits: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -77,9 +79,12 @@ class Estimator:
         pack_size: int = 1,
         pack_tokens: int = 0,
         mode: str = "online",
+        precision: str = "cited",
     ) -> None:
         """`calls_a_model`: False for the offline judge, which makes no billed calls.
-        `pack_size` / `pack_tokens`: how extraction calls are packed (1: not at all)."""
+        `pack_size` / `pack_tokens`: how extraction calls are packed (1: not at all).
+        `precision`: the run's; "judged" adds a context_relevance call per attributed item."""
+        self._judged = precision == "judged"
         self._estimate = Estimate(model, mode, cost_usd=0.0 if price or not calls_a_model else None)
         self._price = price
         self._calls_a_model = calls_a_model
@@ -112,6 +117,11 @@ class Estimator:
         if contexts and claims:
             prompt = _message_chars(protocol.attribution_messages(claims, contexts))
             self._call("attribution", prompt, len('{"verdicts": []}') + VERDICT_CHARS * len(claims))
+            if self._judged:
+                passages = list(enumerate(contexts))
+                prompt = _message_chars(protocol.relevance_messages(ground_truth, passages))
+                answer = len('{"verdicts": []}') + VERDICT_CHARS * len(contexts)
+                self._call("relevance", prompt, answer)
 
     def _extract(self, ground_truth: str) -> None:
         """Into the current pack (the engine packs consecutive items the same way)."""
@@ -142,6 +152,8 @@ class Estimator:
         estimate.calls += 1
         if kind == "extraction":
             estimate.extraction_calls += 1
+        elif kind == "relevance":
+            estimate.relevance_calls += 1
         else:
             estimate.attribution_calls += 1
         prompt, completion = tokens_of(prompt_chars), tokens_of(answer_chars)
@@ -164,6 +176,7 @@ def estimator_for(
     settings_pack: int = 1,
     pack_tokens: int = 0,
     mode: str = "online",
+    precision: str = "cited",
 ) -> Estimator:
     """An estimator for a model of the models file (or the offline judge), in `mode`; online
     extraction packs as the engine does (`settings_pack`: RECALLQ_EXTRACTION_PACK)."""
@@ -172,7 +185,9 @@ def estimator_for(
     config = models.get(model)
     if mode == "batch":
         price = batch_price(config) if config is not None else None
-        return Estimator(model, price, mode=mode)
+        return Estimator(model, price, mode=mode, precision=precision)
     price = online_price(config) if config is not None else None
     pack = pack_size(config, settings_pack)
-    return Estimator(model, price, pack_size=pack, pack_tokens=pack_tokens, mode=mode)
+    return Estimator(
+        model, price, pack_size=pack, pack_tokens=pack_tokens, mode=mode, precision=precision
+    )

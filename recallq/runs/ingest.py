@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from recallq import pipeline
 from recallq.core import context as ctx
 from recallq.core import inputs, scoring
+from recallq.core import precision as precision_rules
 from recallq.judge.models import LEXICAL, ModelConfig
 from recallq.runs import dataset, estimate
 from recallq.settings import DEFAULT_RETRY_DEADLINE, Settings
@@ -69,6 +70,8 @@ class RunSpec:
     limits: ctx.ContextLimits = ctx.DEFAULT_LIMITS
     #: the earlier run of the project whose items' claims the run's items take (by item id)
     claims_from: str | None = None
+    #: how its items' passages are known relevant (recallq.core.precision.PrecisionMode)
+    precision: str = precision_rules.DEFAULT_MODE
 
 
 def require_known_model(model: Any, known_models: Iterable[str]) -> str:
@@ -118,12 +121,14 @@ def build_spec(
     budget_tokens: Any = None,
     limits: ctx.ContextLimits = ctx.DEFAULT_LIMITS,
     claims_from: Any = None,
+    precision: Any = None,
 ) -> RunSpec:
     """A checked run spec. `batch_models` are the models whose provider Batch API may be
     used: a batch-mode run of another model is refused."""
     # none or "" is the default model; anything else must name one ({} is no model)
     model = require_known_model(default_model if model in (None, "") else model, known_models)
     run_mode = _mode(mode, model, batch_models)
+    precision_mode = _precision(precision, run_mode)
     try:
         scale = scoring.submitted_scale(scale)
         extractor = ctx.validate_extractor(context_extractor)
@@ -159,7 +164,24 @@ def build_spec(
         budget_tokens=None if tokens is None else int(tokens),
         limits=limits,
         claims_from=claims_from,
+        precision=precision_mode,
     )
+
+
+def _precision(value: Any, mode: RunMode) -> precision_rules.PrecisionMode:
+    """`cited` (default), `judged` or `off`. The provider batch lane makes no
+    context_relevance call: a batch-mode run cannot be `judged`."""
+    try:
+        chosen = precision_rules.validate_mode(value)
+    except ValueError as exc:
+        raise SubmissionError(str(exc)) from exc
+    if chosen == precision_rules.PrecisionMode.JUDGED and mode == RunMode.BATCH:
+        raise SubmissionError(
+            'precision "judged" cannot run in batch mode (the provider batch lane makes no '
+            'context_relevance call): use mode "online", or precision "cited"',
+            code="batch_not_supported",
+        )
+    return chosen
 
 
 def _mode(value: Any, model: str, batch_models: Iterable[str]) -> RunMode:
@@ -242,6 +264,15 @@ def item_row(raw: Any, index: int, spec: RunSpec) -> tuple[dict[str, Any], bool]
             shown = key if len(key) <= 40 else key[:39] + "…"
             raise SubmissionError(f"item {index} ({shown}): {exc}") from exc
     resolvable = source != "run" or bool(spec.context)
+    metadata = item.get("metadata") or {}
+    try:
+        id_precision, id_recall = precision_rules.id_scores(
+            metadata.get(precision_rules.RETRIEVED_IDS),
+            metadata.get(precision_rules.REFERENCE_IDS),
+            spec.scale,
+        )
+    except ValueError as exc:
+        raise SubmissionError(f"item {index}: {exc}") from exc
     row = {
         "idx": index,
         "key": key,
@@ -250,6 +281,8 @@ def item_row(raw: Any, index: int, spec: RunSpec) -> tuple[dict[str, Any], bool]
         "ground_truth": scoring.ground_truth_text(item.get("ground_truth")),
         "contexts": contexts,
         "item_metadata": item.get("metadata"),
+        "id_precision": id_precision,
+        "id_recall": id_recall,
     }
     return row, resolvable
 
@@ -280,6 +313,7 @@ def _differing_fields(run: Run, spec: RunSpec) -> list[str]:
         "context_extractor": (run.context_extractor, spec.context_extractor),
         "retry_deadline_s": (run.retry_deadline_s, spec.retry_deadline_s),
         "mode": (run.mode, spec.mode),
+        "precision": (run.precision or precision_rules.DEFAULT_MODE, spec.precision),
         "budget_usd": (run.budget_usd, spec.budget_usd),
         "budget_tokens": (run.budget_tokens, spec.budget_tokens),
     }
@@ -312,6 +346,7 @@ def create_run(
         idempotency_key=spec.idempotency_key,
         retry_deadline_s=spec.retry_deadline_s,
         mode=spec.mode,
+        precision=spec.precision,
         budget_usd=spec.budget_usd,
         budget_tokens=spec.budget_tokens,
     )
@@ -381,7 +416,12 @@ def estimate_checked(
     `claims_from` names, by item id; an item that takes them (pipeline.inherited_claims)
     needs no extraction."""
     estimator = estimate.estimator_for(
-        spec.model, models, settings.extraction_pack, settings.extraction_pack_tokens, spec.mode
+        spec.model,
+        models,
+        settings.extraction_pack,
+        settings.extraction_pack_tokens,
+        spec.mode,
+        spec.precision,
     )
     pending: list[dict[str, Any]] = []
 

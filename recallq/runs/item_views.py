@@ -60,6 +60,11 @@ def item_view(
             }
             for c in claims
         ],
+        "context_precision": item.context_precision,
+        "first_relevant_rank": item.first_relevant_rank,
+        "passages": item.passages,
+        "id_precision": item.id_precision,
+        "id_recall": item.id_recall,
     }
     if item_data:
         view |= {

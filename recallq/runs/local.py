@@ -110,6 +110,8 @@ def content_key(content: str, spec: RunSpec, mapping: Mapping[str, str]) -> str:
         fields["retry_deadline_s"] = spec.retry_deadline_s
     if spec.claims_from is not None:  # absent otherwise: earlier runs keep their keys
         fields["claims_from"] = spec.claims_from
+    if spec.precision != "cited":  # the default is absent: earlier runs keep their keys
+        fields["precision"] = spec.precision
     text = json.dumps(fields, sort_keys=True, ensure_ascii=False)
     return RUN_KEY_PREFIX + hashlib.sha256(text.encode()).hexdigest()
 

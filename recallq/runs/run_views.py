@@ -31,12 +31,20 @@ from recallq.core.outcomes import Stage
 from recallq.core.status import ITEM_IN_FLIGHT, RUN_ACTIVE, ItemStatus
 from recallq.core.usage import NO_USAGE, Usage
 from recallq.runs.item_views import no_context_condition
+from recallq.runs.precision_views import (
+    HISTOGRAM_BUCKETS,
+    NO_PRECISION,
+    PRECISION_HISTOGRAM,
+    PrecisionAggregates,
+    first_relevant_columns,
+    histogram_columns,
+    precision_columns,
+    precision_summary,
+)
 from recallq.state import kept
 from recallq.state.db import Database
 from recallq.state.tables import Item, Run, utcnow
 
-#: Buckets of a run's score histogram (each a fifth of the scale; the last includes the top).
-HISTOGRAM_BUCKETS = 5
 #: Failures grouped by error in a run view: the most frequent errors, up to this many.
 FAILURE_GROUPS = 10
 _STATUSES = list(ItemStatus)
@@ -88,13 +96,16 @@ def _aggregate_columns(
         total(Item.extraction_prompt_tokens).label("extraction_prompt_tokens"),
         total(Item.extraction_completion_tokens).label("extraction_completion_tokens"),
         total(Item.extraction_cost_usd, 0.0).label("extraction_cost_usd"),
+        total(Item.relevance_calls).label("relevance_calls"),
+        total(Item.relevance_prompt_tokens).label("relevance_prompt_tokens"),
+        total(Item.relevance_completion_tokens).label("relevance_completion_tokens"),
+        total(Item.relevance_cost_usd, 0.0).label("relevance_cost_usd"),
+        *precision_columns(ok),
     ]
     if details:
-        for i in range(HISTOGRAM_BUCKETS):
-            low = Item.score >= scale * (i / HISTOGRAM_BUCKETS)
-            high = Item.score < scale * ((i + 1) / HISTOGRAM_BUCKETS)
-            bucket = and_(ok, low, high) if i < HISTOGRAM_BUCKETS - 1 else and_(ok, low)
-            columns.append(func.count().filter(bucket).label(f"{_HISTOGRAM}{i}"))
+        columns += histogram_columns(Item.score, scale, ok, _HISTOGRAM)
+        columns += histogram_columns(Item.context_precision, scale, ok, PRECISION_HISTOGRAM)
+        columns += first_relevant_columns(ok)
     return columns
 
 
@@ -135,6 +146,9 @@ class RunAggregates:
     deferrals: int
     histogram: list[int] | None
     failures: list[dict[str, Any]] | None
+    #: the relevance stage's part of `usage` (precision "judged")
+    relevance: Usage = NO_USAGE
+    precision: PrecisionAggregates = NO_PRECISION
 
     @classmethod
     def of_row(
@@ -178,6 +192,13 @@ class RunAggregates:
                 else None
             ),
             failures=failures,
+            relevance=Usage(
+                llm_calls=int(row["relevance_calls"]),
+                prompt_tokens=int(row["relevance_prompt_tokens"]),
+                completion_tokens=int(row["relevance_completion_tokens"]),
+                cost_usd=float(row["relevance_cost_usd"]),
+            ),
+            precision=PrecisionAggregates.of_row(row, details),
         )
 
     def body(self) -> dict[str, Any]:
@@ -187,6 +208,8 @@ class RunAggregates:
             "counts": {str(status): n for status, n in self.counts.items()},
             "usage": dataclasses.asdict(self.usage),
             "extraction": dataclasses.asdict(self.extraction),
+            "relevance": dataclasses.asdict(self.relevance),
+            "precision": dataclasses.asdict(self.precision),
         }
 
     @classmethod
@@ -209,6 +232,8 @@ class RunAggregates:
                         "counts": {ItemStatus(status): int(n) for status, n in counts.items()},
                         "usage": Usage(**body["usage"]),
                         "extraction": Usage(**body["extraction"]),
+                        "relevance": Usage(**body["relevance"]),
+                        "precision": PrecisionAggregates(**body["precision"]),
                     }
                 )  # fmt: skip
             )
@@ -232,6 +257,7 @@ RUN_VIEW_SHAPE = kept.shape(
     [str(column.key) for column in _aggregate_columns(1.0, True, false())],
     [f.name for f in dataclasses.fields(RunAggregates)],
     [f.name for f in dataclasses.fields(Usage)],
+    [f.name for f in dataclasses.fields(PrecisionAggregates)],
     ["rules", RUN_VIEW_RULES],
 )
 _RUN_VIEW = kept.Kind("run", RUN_VIEW_SHAPE, RunAggregates.body, RunAggregates.of_body)
@@ -262,6 +288,7 @@ def _view(session: Session, run: Run, aggregates: RunAggregates, details: bool) 
     if details and a.histogram is not None:
         edges = [round(run.scale * i / HISTOGRAM_BUCKETS, 6) for i in range(HISTOGRAM_BUCKETS + 1)]
         summary["histogram"] = {"edges": edges, "counts": a.histogram}
+    summary |= precision_summary(a.precision, run.scale, details)
     view: dict[str, Any] = {
         "id": run.id,
         "name": run.name,
@@ -269,6 +296,7 @@ def _view(session: Session, run: Run, aggregates: RunAggregates, details: bool) 
         "model": run.model,
         "scale": run.scale,
         "mode": run.mode,
+        "precision": run.precision,
         "created_at": _iso(run.created_at),
         "started_at": _iso(run.started_at),
         "finished_at": _iso(run.finished_at),
@@ -293,10 +321,12 @@ def _view(session: Session, run: Run, aggregates: RunAggregates, details: bool) 
             "deferrals": a.deferrals,
             "by_stage": {
                 Stage.EXTRACTION: a.extraction.spent(),
-                Stage.ATTRIBUTION: (a.usage - a.extraction).spent(),
+                Stage.ATTRIBUTION: (a.usage - a.extraction - a.relevance).spent(),
             },
         },
     }
+    if run.precision == "judged" or a.relevance.llm_calls:  # the stage of judged precision
+        view["usage"]["by_stage"][Stage.RELEVANCE] = a.relevance.spent()
     # the provider batch lane: usage by lane and stage (additive), and a batch run's progress
     lane = run_lane_view(session, run, a.usage)
     view["usage"].update(lane["usage"])

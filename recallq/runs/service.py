@@ -66,6 +66,7 @@ RUN_FIELDS = (
     "budget_usd",
     "budget_tokens",
     "claims_from",
+    "precision",
 )
 CLAIM_BATCH = 2000  # inherited claims inserted per statement
 
@@ -124,6 +125,7 @@ def spec_of(
         mode=fields.get("mode"),
         batch_models=judge_models.batch_models(models),
         claims_from=fields.get("claims_from"),
+        precision=fields.get("precision"),
     )
 
 

@@ -13,9 +13,11 @@ from sqlalchemy import (
 )
 
 from recallq.core.outcomes import Stage
+from recallq.core.precision import Precision
 from recallq.core.scoring import Outcome, Verdict
 from recallq.core.status import ItemStatus, RunStatus
 from recallq.core.usage import Usage
+from recallq.observability import metrics
 from recallq.state.claim_cache import ClaimCache
 from recallq.state.item_writes import (
     charge_cancelled,
@@ -111,10 +113,15 @@ class BatchedItemStore:
         claims: Sequence[str] = (),
         verdicts: dict[int, Verdict] | None = None,
         cache_hits: int = 0,
+        precision: Precision | None = None,
     ) -> bool:
-        """batched → succeeded with its score, reason and the verdict of every claim."""
-        if not self._write(conn, item_id, succeeded_values(outcome, usage, stage, cache_hits)):
+        """batched → succeeded with its score, reason, the verdict of every claim and its
+        context precision."""
+        values = succeeded_values(outcome, usage, stage, cache_hits, precision)
+        if not self._write(conn, item_id, values):
             return False
+        if precision is not None:
+            metrics.precision_scored(precision.mode)
         if verdicts:
             rows = verdict_rows(item_id, claims, verdicts)
             conn.execute(verdicts_upsert(conn.dialect.name), rows)

@@ -28,6 +28,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.orm import Session
 
 from recallq.core.outcomes import Stage
+from recallq.core.precision import Precision
 from recallq.core.scoring import Outcome, Verdict
 from recallq.core.status import ITEM_IN_FLIGHT, ItemStatus
 from recallq.core.usage import Usage
@@ -63,6 +64,10 @@ COUNTERS = (
     "extraction_prompt_tokens",
     "extraction_completion_tokens",
     "extraction_cost_usd",
+    "relevance_calls",
+    "relevance_prompt_tokens",
+    "relevance_completion_tokens",
+    "relevance_cost_usd",
 )
 
 
@@ -183,14 +188,39 @@ def spent_values(usage: Usage, stage: Stage, cache_hits: int = 0) -> dict[str, A
             "extraction_completion_tokens": usage.completion_tokens,
             "extraction_cost_usd": usage.cost_usd,
         }
+    elif stage == Stage.RELEVANCE:
+        spent |= {
+            "relevance_calls": usage.llm_calls,
+            "relevance_prompt_tokens": usage.prompt_tokens,
+            "relevance_completion_tokens": usage.completion_tokens,
+            "relevance_cost_usd": usage.cost_usd,
+        }
     return spent
 
 
+def add_values(values: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """Counter increments of two usages written in one statement, added up."""
+    return values | {k: values.get(k, 0) + v for k, v in more.items()}
+
+
 def succeeded_values(
-    outcome: Outcome, usage: Usage, stage: Stage, cache_hits: int
+    outcome: Outcome,
+    usage: Usage,
+    stage: Stage,
+    cache_hits: int,
+    precision: Precision | None = None,
+    relevance: Usage | None = None,
 ) -> dict[str, Any]:
-    """The values of an item that ends with a score."""
-    return spent_values(usage, stage, cache_hits) | {
+    """The values of an item that ends with a score (and its context precision; None: none,
+    with no context, or precision off). `relevance`: what a context_relevance call spent,
+    beside `stage`'s `usage`."""
+    spent = spent_values(usage, stage, cache_hits)
+    if relevance is not None and relevance != Usage():
+        spent = add_values(spent, spent_values(relevance, Stage.RELEVANCE))
+    return spent | {
+        "context_precision": None if precision is None else precision.context_precision,
+        "first_relevant_rank": None if precision is None else precision.first_relevant_rank,
+        "passages": None if precision is None else precision.passages_json(),
         "status": ItemStatus.SUCCEEDED,
         "finished_at": utcnow(),
         "lease_until": None,
@@ -203,9 +233,14 @@ def succeeded_values(
     }
 
 
-def failed_values(error: str, usage: Usage, stage: Stage) -> dict[str, Any]:
+def failed_values(
+    error: str, usage: Usage, stage: Stage, relevance: Usage | None = None
+) -> dict[str, Any]:
     """The values of an item that ends without a score."""
-    return spent_values(usage, stage) | {
+    spent = spent_values(usage, stage)
+    if relevance is not None and relevance != Usage():
+        spent = add_values(spent, spent_values(relevance, Stage.RELEVANCE))
+    return spent | {
         "status": ItemStatus.FAILED,
         "finished_at": utcnow(),
         "lease_until": None,

@@ -20,6 +20,7 @@ from sqlalchemy import (
 from sqlalchemy.exc import SQLAlchemyError
 
 from recallq.core.outcomes import Deferred, Ended, Skipped, SkipReason, Stage, Taken
+from recallq.core.precision import Precision
 from recallq.core.scoring import Outcome, Verdict
 from recallq.core.status import ITEM_ENDED, ITEM_IN_FLIGHT, ItemStatus, RunStatus
 from recallq.core.usage import NO_USAGE, Usage
@@ -28,6 +29,7 @@ from recallq.state.claim_cache import ClaimCache
 from recallq.state.db import Database
 from recallq.state.item_writes import (
     IN_FLIGHT,
+    add_values,
     charge_refused,
     claims_insert,
     claims_table,
@@ -59,6 +61,7 @@ TAKE_READ = select(
     runs.c.scale,
     runs.c.retry_deadline_s,
     runs.c.project,
+    runs.c.precision,
     exists().where(claims_table.c.item_id == items.c.id).label("has_claims"),
 ).join_from(items, runs, runs.c.id == items.c.run_id)
 TAKE_READ_ONE = TAKE_READ.where(items.c.id == bindparam("item_id"))
@@ -219,6 +222,7 @@ class ItemStore:
             waiting,
             row.project,
             row.key,
+            row.precision,
         )
 
     def cached_claims(self, keys: Sequence[str]) -> dict[str, list[str]]:
@@ -306,22 +310,36 @@ class ItemStore:
         stage: Stage,
         verdicts: dict[int, Verdict] | None = None,
         cache_hits: int = 0,
+        precision: Precision | None = None,
+        relevance: Usage = NO_USAGE,
     ) -> Ended | Skipped:
-        """running → succeeded with its score, reason and the verdict of every claim; the next
-        pending item of the run is queued in its place. `usage` is what `stage` spent last."""
-        values = succeeded_values(outcome, usage, stage, cache_hits)
-        with self._charging(taken, (usage, stage)), self._db.transaction() as conn:
+        """running → succeeded with its score, reason, the verdict of every claim and its
+        context precision; the next pending item of the run is queued in its place. `usage` is
+        what `stage` spent last, `relevance` what the context_relevance call spent."""
+        values = succeeded_values(outcome, usage, stage, cache_hits, precision, relevance)
+        with (
+            self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)),
+            self._db.transaction() as conn,
+        ):
             if not self._write_owned(conn, taken, values, "succeed"):
                 return Skipped(SkipReason.NOT_OWNED)
+            if precision is not None:
+                metrics.precision_scored(precision.mode)
             if verdicts:
                 rows = verdict_rows(taken.item_id, taken.claims or (), verdicts)
                 conn.execute(verdicts_upsert(conn.dialect.name), rows)
             return Ended(taken.run_id, self._release_next(conn, taken.run_id))
 
-    def fail(self, taken: Taken, error: str, usage: Usage, stage: Stage) -> Ended | Skipped:
-        """running → failed with its error; the next pending item is queued in its place."""
-        values = failed_values(error, usage, stage)
-        with self._charging(taken, (usage, stage)), self._db.transaction() as conn:
+    def fail(
+        self, taken: Taken, error: str, usage: Usage, stage: Stage, relevance: Usage = NO_USAGE
+    ) -> Ended | Skipped:
+        """running → failed with its error; the next pending item is queued in its place.
+        `relevance`: what a context_relevance call spent, beside `stage`'s `usage`."""
+        values = failed_values(error, usage, stage, relevance)
+        with (
+            self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)),
+            self._db.transaction() as conn,
+        ):
             if not self._write_owned(conn, taken, values, "fail"):
                 return Skipped(SkipReason.NOT_OWNED)
             return Ended(taken.run_id, self._release_next(conn, taken.run_id))
@@ -333,20 +351,27 @@ class ItemStore:
         usage: Usage,
         stage: Stage,
         waiting_since: datetime | None,
+        relevance: Usage = NO_USAGE,
     ) -> Deferred | Skipped:
         """running → queued, due in `delay` seconds, keeping its claims and usage: its worker
         slot is given back, and the reaper sends the item again when its lease runs out.
         `waiting_since` is when it started to wait out a provider incident (None: it waits
         for something sure to come, as rate-limit capacity)."""
         until = self._lease(delay)
-        values = spent_values(usage, stage) | {
+        spent = spent_values(usage, stage)
+        if relevance != NO_USAGE:
+            spent = add_values(spent, spent_values(relevance, Stage.RELEVANCE))
+        values = spent | {
             "status": ItemStatus.QUEUED,
             "owner": None,
             "lease_until": until,
             "deferrals": 1,
             "waiting_since": waiting_since,
         }
-        with self._charging(taken, (usage, stage)), self._db.transaction() as conn:
+        with (
+            self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)),
+            self._db.transaction() as conn,
+        ):
             if not self._write_owned(conn, taken, values, "defer"):
                 return Skipped(SkipReason.NOT_OWNED)
         return Deferred(until)

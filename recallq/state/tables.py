@@ -78,6 +78,8 @@ class Run(Base):
     budget_tokens: Mapped[int | None] = mapped_column(BigInteger)
     # why a cancelled run was cancelled: "user" or "budget"
     cancel_reason: Mapped[str | None] = mapped_column(String(16))
+    # how its items' passages are known relevant: cited | judged | off (migration 0012)
+    precision: Mapped[str] = mapped_column(String(8), default="cited", server_default="cited")
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
@@ -134,6 +136,19 @@ class Item(Base):
     extraction_prompt_tokens: Mapped[int] = mapped_column(Integer, default=0)
     extraction_completion_tokens: Mapped[int] = mapped_column(Integer, default=0)
     extraction_cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
+    # of the usage above, what the context_relevance call used (precision "judged")
+    relevance_calls: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    relevance_prompt_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    relevance_completion_tokens: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    relevance_cost_usd: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    # context precision (recallq.core.precision): null with no context or no ground truth
+    context_precision: Mapped[float | None] = mapped_column(Float)
+    first_relevant_rank: Mapped[int | None] = mapped_column(Integer)
+    # [{index, relevant, claims, reason}], one per passage in retrieved order
+    passages: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON)
+    # from retrieved_context_ids / reference_context_ids, at submission (no call)
+    id_precision: Mapped[float | None] = mapped_column(Float)
+    id_recall: Mapped[float | None] = mapped_column(Float)
     # since when it waits out a provider incident (reset when it makes progress)
     waiting_since: Mapped[datetime | None]
     lease_until: Mapped[datetime | None]

@@ -132,8 +132,8 @@ def progress_line(view: dict[str, Any], now: datetime | None = None) -> str:
     return f"{line}; {pause}" if pause else line
 
 
-def histogram_lines(view: dict[str, Any]) -> list[str]:
-    histogram = view["summary"].get("histogram")
+def histogram_lines(view: dict[str, Any], key: str = "histogram") -> list[str]:
+    histogram = view["summary"].get(key)
     if not histogram:
         return []
     edges, counts = histogram["edges"], histogram["counts"]
@@ -162,13 +162,46 @@ def group_lines(by: str, groups: dict[str, dict[str, Any]]) -> list[str]:
     if not groups:
         return []
     width = max(len(by), *(len(name) for name in groups))
-    lines = [f"  {by:<{width}}  {'items':>6}  {'scored':>6}  {'failed':>6}  mean_score"]
+    precision = any(group.get("mean_context_precision") is not None for group in groups.values())
+    head = f"  {by:<{width}}  {'items':>6}  {'scored':>6}  {'failed':>6}  mean_score"
+    lines = [head + ("  context_precision" if precision else "")]
     for name, group in groups.items():
-        lines.append(
+        line = (
             f"  {name:<{width}}  {group['items']:>6}  {group['scored_items']:>6}  "
             f"{group['failed']:>6}  {_fixed(group['mean_score']):>10}"
         )
+        if precision:
+            mean, ci95 = group.get("mean_context_precision"), group.get("context_precision_ci95")
+            line += f"  {precision_text(mean, ci95)}"
+        lines.append(line.rstrip())
     return lines
+
+
+def precision_text(mean: float | None, ci95: list[float] | None) -> str:
+    """A mean context precision with its 95% interval: `0.83 [0.71, 0.95]`."""
+    if mean is None:
+        return "-"
+    return f"{number(mean)} [{number(ci95[0])}, {number(ci95[1])}]" if ci95 else number(mean)
+
+
+def precision_rows(view: dict[str, Any]) -> list[tuple[str, str]]:
+    """The summary's context precision rows: the mean with its interval, the mode and how
+    many items it is over, where the first relevant passage was, and the ids scores."""
+    summary = view["summary"]
+    mode = view.get("precision", "cited")
+    if mode == "off":
+        return [("context_precision", "off")]
+    mean = summary.get("mean_context_precision")
+    text = precision_text(mean, summary.get("context_precision_ci95"))
+    rows = [("context_precision", f"{text} ({mode}, {summary.get('precision_items', 0)} items)")]
+    first = summary.get("first_relevant_rank")
+    if first and mean is not None:
+        shown = ", ".join(f"{rank}: {n}" for rank, n in first.items() if n)
+        rows.append(("first_relevant", shown or "-"))
+    for key in ("mean_id_precision", "mean_id_recall"):
+        if key in summary:
+            rows.append((key.removeprefix("mean_"), _score(summary[key])))
+    return rows
 
 
 def summary_lines(
@@ -192,6 +225,7 @@ def summary_lines(
         if counts[key] or key in (PublicItemStatus.SUCCEEDED, PublicItemStatus.FAILED)
     ]
     rows.append(("mean_score", _score(summary["mean_score"])))
+    rows += precision_rows(view)
     if view.get("scale", 1) != 1:
         rows.append(("scale", f"{view['scale']:g}"))
     for key, why in (
@@ -222,6 +256,9 @@ def summary_lines(
     histogram = histogram_lines(view)
     if histogram:
         lines += ["", "score distribution", *histogram]
+    precision_histogram = histogram_lines(view, "precision_histogram")
+    if precision_histogram:
+        lines += ["", "context precision distribution", *precision_histogram]
     failures = failure_lines(view)
     if failures:
         lines += ["", "failures (by error)", *failures]
@@ -371,6 +408,17 @@ def compare_lines(result: dict[str, Any], by: str | None = None) -> list[str]:
                 "corrected_difference",
                 f"{corrected['mean_difference']:+.4f}  (95% CI {low:+.4f} to {high:+.4f}; "
                 f"{counts['base']} + {counts['candidate']} labelled items)",
+            )
+        )
+    precision = result.get("precision")
+    if precision and precision.get("mean_difference") is not None:
+        low, high = precision["ci95"]
+        rows.append(
+            (
+                "precision_difference",
+                f"{precision['mean_difference']:+.4f}  (95% CI {low:+.4f} to {high:+.4f}; "
+                f"{_score(precision['base_mean'])} -> {_score(precision['candidate_mean'])}, "
+                f"{precision['paired']} items)",
             )
         )
     flipped = result.get("claims_flipped")

@@ -116,6 +116,10 @@ def test_a_dataframe_in_and_out(database: str) -> None:
         "attempts",
         "reason",
         "error",
+        "context_precision",
+        "first_relevant_rank",
+        "id_precision",
+        "id_recall",
         "input",
         "output",
         "ground_truth",
@@ -139,10 +143,14 @@ def test_a_dataframe_in_and_out(database: str) -> None:
         "reason",
     ]
     assert list(claims["verdict"]) == ["yes", "no", "yes", "no"]
+    # context precision: each metal item's one passage supports a claim; the misc item has no
+    # ground truth and the last no context, so neither has one
+    none = {"mean_context_precision": None, "context_precision_ci95": None}
+    metal = {"mean_context_precision": 1.0, "context_precision_ci95": [1.0, 1.0]}
     assert result.summary_by("category") == {
-        "(missing)": {"items": 1, "scored_items": 1, "failed": 0, "mean_score": 0.0},
-        "metal": {"items": 2, "scored_items": 2, "failed": 0, "mean_score": 0.75},
-        "misc": {"items": 1, "scored_items": 1, "failed": 0, "mean_score": 0.0},
+        "(missing)": {"items": 1, "scored_items": 1, "failed": 0, "mean_score": 0.0, **none},
+        "metal": {"items": 2, "scored_items": 2, "failed": 0, "mean_score": 0.75, **metal},
+        "misc": {"items": 1, "scored_items": 1, "failed": 0, "mean_score": 0.0, **none},
     }
     with pytest.raises(ValueError, match="no item has the metadata field 'categroy'") as refused:
         result.summary_by("categroy")

@@ -77,9 +77,12 @@ def test_report_of_a_run_and_its_comparison(tmp_path: Path) -> None:
     assert float(mean["data-value"] or "nan") == view["summary"]["mean_score"] == 0.75
     counts = _counts(elements)  # the run's counts, and the comparison's
     assert counts["succeeded"] == view["counts"]["succeeded"] == 40
-    bars = [int(a["data-count"] or -1) for a in elements.having("class", "bar")]
+    # the score histogram's bars, then context precision's
+    every_bar = [int(a["data-count"] or -1) for a in elements.having("class", "bar")]
+    bars, precision_bars = every_bar[:5], every_bar[5:]
     assert sum(bars) == view["summary"]["scored_items"] == 40
     assert bars == view["summary"]["histogram"]["counts"]
+    assert precision_bars == view["summary"]["precision_histogram"]["counts"]
 
     # the five lowest items, lowest first, each with its claims and verdicts
     shown = [a for a in elements.having("data-item-id") if a.get("class") == "item"]

@@ -20,6 +20,7 @@ from sqlalchemy import delete, false, func, insert, select, text, update
 
 from recallq.core.usage import Usage
 from recallq.runs import comparisons, run_views
+from recallq.runs.precision_views import PrecisionAggregates
 from recallq.state import kept, migrate
 from recallq.state.db import Database
 from recallq.state.items import ItemStore
@@ -314,10 +315,11 @@ def test_a_new_aggregate_column_or_status_is_a_new_shape() -> None:
     assert "count_failed" in columns and "deferrals" in columns
     fields = [f.name for f in dataclasses.fields(run_views.RunAggregates)]
     usage = [f.name for f in dataclasses.fields(Usage)]
+    precision = [f.name for f in dataclasses.fields(PrecisionAggregates)]
     rules = ["rules", run_views.RUN_VIEW_RULES]
-    assert kept.shape("run", columns, fields, usage, rules) == run_views.RUN_VIEW_SHAPE
-    assert kept.shape("run", [*columns, "count_paused"], fields, usage, rules) != (
-        run_views.RUN_VIEW_SHAPE
-    )
-    assert kept.shape("run", columns, [*fields, "median"], usage, rules) != run_views.RUN_VIEW_SHAPE
-    assert kept.shape("run", columns, fields, usage, ["rules", 1]) != run_views.RUN_VIEW_SHAPE
+    shape = run_views.RUN_VIEW_SHAPE
+    assert kept.shape("run", columns, fields, usage, precision, rules) == shape
+    assert kept.shape("run", [*columns, "count_paused"], fields, usage, precision, rules) != shape
+    assert kept.shape("run", columns, [*fields, "median"], usage, precision, rules) != shape
+    assert kept.shape("run", columns, fields, usage, [*precision, "median"], rules) != shape
+    assert kept.shape("run", columns, fields, usage, precision, ["rules", 1]) != shape

@@ -130,6 +130,16 @@ def test_run_through_api_and_worker(services, clean_stub) -> None:
         "no_ground_truth": 1,  # scored 0 without a call, and counted apart
         "no_context": 1,  # likewise: its context is empty
         "histogram": {"edges": [0.0, 0.2, 0.4, 0.6, 0.8, 1.0], "counts": [2, 0, 0, 1, 2]},
+        # cited: full [rel, rel], partial [rel, rel], static [rel]; none for no context /
+        # no ground truth
+        "mean_context_precision": 1.0,
+        "context_precision_ci95": [1.0, 1.0],
+        "precision_items": 3,
+        "precision_histogram": {
+            "edges": [0.0, 0.2, 0.4, 0.6, 0.8, 1.0],
+            "counts": [0, 0, 0, 0, 3],
+        },
+        "first_relevant_rank": {"1": 3, "2": 0, "3": 0, "4": 0, "5+": 0, "none": 0},
     }
     assert run["failures"] == []
 

@@ -40,7 +40,7 @@ STAGE_OF = {
 }
 # every label a recallq series may carry (Prometheus adds job and instance; `le` is a bucket's)
 LABELS = {"__name__", "job", "instance", "model", "stage", "outcome", "kind", "status"}
-LABELS |= {"route", "method", "le"}
+LABELS |= {"route", "method", "le", "mode"}  # mode: a precision mode (cited|judged)
 
 
 @pytest.fixture(scope="module")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -119,3 +120,77 @@ def test_recallq_migrate_says_created_then_up_to_date_and_hides_the_password(
     assert failed.stderr.count("\n") == 1 and "Traceback" not in failed.stderr
     assert "hunter2" not in failed.stderr and "postgres:***@" in failed.stderr
     assert "does not exist; create it first" in failed.stderr
+
+
+def test_0012_backfills_cited_precision_from_stored_citations(empty_database: str) -> None:
+    from sqlalchemy import text
+
+    migrate.upgrade(empty_database, "0011")
+    engine = create_engine(empty_database)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "INSERT INTO runs (id, project, model, scale, status, total_items, created_at, "
+                "context) VALUES ('r', 'default', 'local/lexical', 2, 'completed', 4, "
+                "'2026-11-30', '[\"static a\", \"static b\"]')"
+            )
+        )
+        items = [  # id, key, ground truth, own contexts (null: the run's), status
+            (1, "interleaved", "g", '["j", "r", "j", "r"]', "succeeded"),
+            (2, "static", "g", None, "succeeded"),
+            (3, "no-context", "g", "[]", "succeeded"),
+            (4, "no-ground-truth", None, '["r"]', "succeeded"),
+            (5, "failed", "g", '["r"]', "failed"),
+        ]
+        for item_id, key, truth, contexts, status in items:
+            conn.execute(
+                text(
+                    "INSERT INTO items (id, run_id, idx, key, ground_truth, contexts, status, "
+                    "attempts, llm_calls, prompt_tokens, completion_tokens, cost_usd, "
+                    "cache_hits) VALUES (:id, 'r', :id, :key, :truth, :contexts, :status, "
+                    "1, 0, 0, 0, 0, 0)"
+                ),
+                {
+                    "id": item_id,
+                    "key": key,
+                    "truth": truth,
+                    "contexts": contexts,
+                    "status": status,
+                },
+            )
+        claims = [  # item, idx, verdict, context_indices
+            (1, 0, "yes", "[1]"),
+            (1, 1, "yes", "[3, 1]"),
+            (1, 2, "no", "[]"),
+            (2, 0, "yes", "[0]"),
+            (5, 0, "yes", "[0]"),
+        ]
+        for item_id, idx, verdict, indices in claims:
+            conn.execute(
+                text(
+                    "INSERT INTO claims (item_id, idx, text, verdict, context_indices) "
+                    "VALUES (:item, :idx, 'c', :verdict, :indices)"
+                ),
+                {"item": item_id, "idx": idx, "verdict": verdict, "indices": indices},
+            )
+    migrate.upgrade(empty_database, "0012")
+    with engine.connect() as conn:
+        rows = conn.execute(
+            text(
+                "SELECT key, context_precision, first_relevant_rank, passages FROM items "
+                "ORDER BY id"
+            )
+        ).all()
+        mode = conn.execute(text("SELECT precision FROM runs")).scalar()
+    engine.dispose()
+    found = {
+        key: (cp, rank, json.loads(p) if isinstance(p, str) else p) for key, cp, rank, p in rows
+    }
+    assert mode == "cited"
+    cp, rank, passages = found["interleaved"]
+    assert cp == 1.0 and rank == 2  # scale 2: (1/2 + 2/4) / 2 × 2
+    assert [p["relevant"] for p in passages] == [False, True, False, True]
+    assert [p["claims"] for p in passages] == [[], [0, 1], [], [1]]
+    assert found["static"][:2] == (2.0, 1)  # the run's static context, relevant first
+    for key in ("no-context", "no-ground-truth", "failed"):
+        assert found[key] == (None, None, None), key

@@ -118,3 +118,20 @@ def test_a_batch_run_is_priced_at_the_batch_price_and_not_packed() -> None:
     assert (b.mode, b.extraction_calls, b.prompt_tokens) == ("batch", 10, o.prompt_tokens)
     assert b.cost_usd is not None and o.cost_usd is not None
     assert b.cost_usd == pytest.approx(o.cost_usd / 2)
+
+
+def test_judged_precision_adds_one_relevance_call_per_attributed_item() -> None:
+    cited = estimate.Estimator("m", PRICES)
+    judged = estimate.Estimator("m", PRICES, precision="judged")
+    passages = ["Ada Lovelace was born in 1815.", "Bananas are yellow."]
+    for estimator in (cited, judged):
+        estimator.add(TRUTH, passages, None)
+        estimator.add(TRUTH, [], None)  # no context: no attribution, no relevance call
+    plain, more = cited.result(), judged.result()
+    assert (plain.calls, plain.relevance_calls) == (3, 0)
+    assert (more.calls, more.relevance_calls) == (4, 1)
+    relevance = protocol.relevance_messages(TRUTH, list(enumerate(passages)))
+    added = sum(len(m["content"]) for m in relevance) // 4
+    assert more.prompt_tokens - plain.prompt_tokens == added
+    assert more.cost_usd is not None and plain.cost_usd is not None
+    assert more.cost_usd > plain.cost_usd

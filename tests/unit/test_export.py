@@ -117,12 +117,45 @@ def test_groups() -> None:
         groups.GroupedItem("succeeded", 0.25, None),
         groups.GroupedItem("pending", None, {"other": 1}),
     ]
+    none = {"mean_context_precision": None, "context_precision_ci95": None}
     assert groups.summarise_groups(items, "topic") == {
-        "(missing)": {"items": 2, "scored_items": 1, "failed": 0, "mean_score": 0.25},
-        "3": {"items": 1, "scored_items": 1, "failed": 0, "mean_score": 0.0},
-        "a": {"items": 2, "scored_items": 2, "failed": 0, "mean_score": 0.75},
-        "b": {"items": 1, "scored_items": 0, "failed": 1, "mean_score": None},
+        "(missing)": {"items": 2, "scored_items": 1, "failed": 0, "mean_score": 0.25, **none},
+        "3": {"items": 1, "scored_items": 1, "failed": 0, "mean_score": 0.0, **none},
+        "a": {"items": 2, "scored_items": 2, "failed": 0, "mean_score": 0.75, **none},
+        "b": {"items": 1, "scored_items": 0, "failed": 1, "mean_score": None, **none},
     }
+
+
+def test_groups_with_precision() -> None:
+    items = [
+        groups.GroupedItem("succeeded", 1.0, {"topic": "a"}, 2, context_precision=1.0),
+        groups.GroupedItem("succeeded", 0.5, {"topic": "a"}, 1, context_precision=0.25),
+        groups.GroupedItem("succeeded", 0.0, {"topic": "a"}),  # no context: no precision
+    ]
+    group = groups.summarise_groups(items, "topic")["a"]
+    assert group["mean_context_precision"] == 0.75
+    low, high = group["context_precision_ci95"]
+    assert 0 <= low < 0.75 < high
+
+
+def test_passages_csv() -> None:
+    result = {
+        "id": "q",
+        "index": 0,
+        "passages": [
+            {"index": 0, "relevant": False, "claims": [], "reason": None},
+            {"index": 1, "relevant": True, "claims": [0, 2], "reason": "=states it"},
+        ],
+    }
+    lines = list(
+        export.lines([result, {"id": "off", "index": 1, "passages": None}], "passages.csv")
+    )
+    assert "".join(lines).splitlines() == [
+        "id,index,passage_index,relevant,claims,reason",
+        "q,0,0,False,[],",
+        'q,0,1,True,"[0, 2]",\'=states it',
+    ]
+    assert export.format_for(Path("r.passages.csv")) == "passages.csv"
     assert groups.group_value({"k": [1, "x"]}, "k") == '[1, "x"]'
 
 

@@ -234,6 +234,8 @@ def test_item_row_full() -> None:
         "ground_truth": "Einstein was born in 1879.",
         "contexts": ["Einstein was born on 14 March 1879."],
         "item_metadata": None,
+        "id_precision": None,
+        "id_recall": None,
     }
 
 
@@ -585,3 +587,36 @@ def test_rejected_run_keeps_earlier_runs(db) -> None:
     rejected(db, spec(context=["s"]), [])
     assert counts(db) == (1, 2)
     assert [i.key for i in stored_items(db, run_id)] == ["a", "b"]
+
+
+def test_item_row_scores_ids_without_a_call() -> None:
+    raw = {
+        "id": "q2",
+        "ground_truth": "x",
+        "context": ["a"],
+        "retrieved_context_ids": ["d3", "d1", "d2"],
+        "reference_context_ids": ["d1", "d2"],
+    }
+    row, _ = item_row(raw, 0, STATIC)
+    assert row["id_precision"] == pytest.approx((1 / 2 + 2 / 3) / 2, abs=1e-4)
+    assert row["id_recall"] == 1.0
+    assert row["item_metadata"]["retrieved_context_ids"] == ["d3", "d1", "d2"]
+    with pytest.raises(SubmissionError, match="item 0: reference_context_ids must be a list"):
+        item_row({**raw, "reference_context_ids": "d1"}, 0, STATIC)
+
+
+def test_precision_field_one_rule_one_message() -> None:
+    assert spec().precision == "cited"
+    assert spec(precision="judged").precision == "judged"
+    assert spec(precision="off").precision == "off"
+    with pytest.raises(SubmissionError, match='precision must be "cited", "judged" or "off"'):
+        spec(precision="ranked")
+    with pytest.raises(SubmissionError, match="cannot run in batch mode") as refused:
+        build_spec(
+            model="local/lexical",
+            known_models=KNOWN,
+            mode="batch",
+            batch_models=KNOWN,
+            precision="judged",
+        )
+    assert refused.value.code == "batch_not_supported"

@@ -31,27 +31,36 @@ EXTRACTION_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
-ATTRIBUTION_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "verdicts": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "claim_index": {"type": "integer"},
-                    "verdict": {"type": "string", "enum": ["yes", "no"]},
-                    "context_indices": {"type": "array", "items": {"type": "integer"}},
-                    "reason": {"type": "string"},
+
+def _verdicts_schema(index: str, **more: dict[str, Any]) -> dict[str, Any]:
+    """An answer of verdicts, each naming what it judges by `index`, with `more` fields."""
+    verdict = {
+        index: {"type": "integer"},
+        "verdict": {"type": "string", "enum": ["yes", "no"]},
+        **more,
+        "reason": {"type": "string"},
+    }
+    return {
+        "type": "object",
+        "properties": {
+            "verdicts": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": verdict,
+                    "required": list(verdict),
+                    "additionalProperties": False,
                 },
-                "required": ["claim_index", "verdict", "context_indices", "reason"],
-                "additionalProperties": False,
-            },
-        }
-    },
-    "required": ["verdicts"],
-    "additionalProperties": False,
-}
+            }
+        },
+        "required": ["verdicts"],
+        "additionalProperties": False,
+    }
+
+
+ATTRIBUTION_SCHEMA = _verdicts_schema(
+    "claim_index", context_indices={"type": "array", "items": {"type": "integer"}}
+)
 
 EXTRACTION_PACKED_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -73,26 +82,7 @@ EXTRACTION_PACKED_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 
-RELEVANCE_SCHEMA: dict[str, Any] = {
-    "type": "object",
-    "properties": {
-        "verdicts": {
-            "type": "array",
-            "items": {
-                "type": "object",
-                "properties": {
-                    "context_index": {"type": "integer"},
-                    "verdict": {"type": "string", "enum": ["yes", "no"]},
-                    "reason": {"type": "string"},
-                },
-                "required": ["context_index", "verdict", "reason"],
-                "additionalProperties": False,
-            },
-        }
-    },
-    "required": ["verdicts"],
-    "additionalProperties": False,
-}
+RELEVANCE_SCHEMA = _verdicts_schema("context_index")
 
 SCHEMAS = {
     EXTRACTION: EXTRACTION_SCHEMA,

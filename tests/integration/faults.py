@@ -56,11 +56,26 @@ def settled_run(
     neither has changed for `quiet_s`: usage can land after the run completed (a refused write
     of a worker that went on after a pause or was taken for dead, usage kept through a
     database outage and written at the next heartbeat)."""
+
+    def read() -> dict[str, Any]:
+        return dict(httpx.get(f"{api}/v1/runs/{run_id}", timeout=30).json())
+
+    return settled(read, expected, counted, quiet_s)
+
+
+def settled(
+    read: Callable[[], dict[str, Any]],
+    expected: Callable[[], int],
+    counted: Callable[[dict[str, Any]], int] = lambda run: run["usage"]["llm_calls"],
+    quiet_s: float = 3.0,
+    within_s: float = 120.0,
+) -> dict[str, Any]:
+    """settled_run for a run `read` some other way."""
     last: tuple[int, int] | None = None
     since = time.monotonic()
-    deadline = since + 120
+    deadline = since + within_s
     while True:
-        run = httpx.get(f"{api}/v1/runs/{run_id}", timeout=30).json()
+        run = read()
         seen = (counted(run), expected())
         if seen[0] == seen[1] or time.monotonic() > deadline:
             return run

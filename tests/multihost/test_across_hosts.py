@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.faults import item_rows, make_items
+from tests.integration.faults import item_rows, make_items, settled
 from tests.multihost import hosts
 from tests.multihost.cluster import Cluster, Worker, timed
 
@@ -86,25 +86,6 @@ def _scored_once(cluster: Cluster, run: dict[str, Any]) -> list[dict[str, Any]]:
         assert row["score"] == 1.0, row
     assert sum(r["llm_calls"] for r in rows) == run["usage"]["llm_calls"]
     return rows
-
-
-def _usage_settled(cluster: Cluster, run_id: str, tag: str, quiet_s: float = 5.0) -> dict[str, Any]:
-    """The completed run once its usage counts every call the stub answered for it, or else
-    once neither has moved for `quiet_s`: a stale worker's refused writes, which still count
-    their calls, can land after the run completed."""
-    last: tuple[int, int] | None = None
-    since = deadline = time.monotonic()
-    deadline += HEAL_WITHIN_S
-    while True:
-        run = cluster.run(run_id)
-        seen = (run["usage"]["llm_calls"], sum(c["status"] == 200 for c in cluster.calls_for(tag)))
-        if seen[0] == seen[1] or time.monotonic() > deadline:
-            return run
-        if seen != last:
-            last, since = seen, time.monotonic()
-        elif time.monotonic() - since >= quiet_s:
-            return run
-        time.sleep(0.5)
 
 
 def _seconds(run: dict[str, Any]) -> float:
@@ -186,7 +167,13 @@ def test_a_worker_host_cut_off_for_a_minute(cluster: Cluster) -> None:
     refusals = _refusals(cut, logged)
     refused_after = timed(lambda: refusals() or None, HEAL_WITHIN_S - back, 0.25) + back
     cluster.wait_for_run(run_id, timeout=60)
-    run = _usage_settled(cluster, run_id, "pt")
+    # a stale worker's refused writes still count their calls, and can land after the run ended
+    run = settled(
+        lambda: cluster.run(run_id),
+        lambda: sum(c["status"] == 200 for c in cluster.calls_for("pt")),
+        quiet_s=5.0,
+        within_s=HEAL_WITHIN_S,
+    )
     rows = _scored_once(cluster, run)
     item, move, owner = refusals()[0]
     final = {r["id"]: r for r in item_rows(cluster.database_url, run_id)}[item]

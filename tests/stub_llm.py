@@ -34,7 +34,8 @@ of its text) and ``context_relevance`` (data ``{"ground_truth", "contexts"}`` ->
 every content word of one of the ground truth's claims, ``STUB_RELEVANCE_DROP_ONCE`` /
 ``STUB_RELEVANCE_DROP_ALWAYS`` leave the last passage without a verdict
 once / always). The schema is the ``response_format`` json_schema name, else inferred from the
-data keys.
+data keys. Besides these, RAGAS 0.4.3's context-recall prompt (schema ``ragas_context_recall``,
+``tests/stub_ragas.py``) is answered every statement attributed, for side-by-side benches.
 
 Content markers (in a ground truth, claim or context text):
 
@@ -138,6 +139,8 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+
+from tests import stub_ragas
 
 EXTRACTION = "claim_extraction"
 ATTRIBUTION = "claim_attribution"
@@ -508,6 +511,10 @@ def parse_body(body: Any) -> tuple[dict, dict | None, str | None, str | None]:
     if body.get("stream"):
         return body, None, None, "stream=true is not supported by the stub"
     data = extract_data(body.get("messages"))
+    if data is None:  # not recallq's protocol: RAGAS's context-recall call (benches), else 400
+        ragas = stub_ragas.context_recall_data(body.get("messages"))
+        if ragas is not None:
+            return body, ragas, stub_ragas.CONTEXT_RECALL, None
     schema = schema_name(body.get("response_format"), data)
     return body, data, schema, validate_data(schema, data)
 
@@ -904,6 +911,8 @@ class StubState:
     # -- judging ------------------------------------------------------------------------
 
     def answer(self, schema: str, data: dict[str, Any], authorization: str | None = None) -> Answer:
+        if schema == stub_ragas.CONTEXT_RECALL:
+            return Answer(stub_ragas.context_recall_answer(data))
         marked = marker_text(schema, data)
         if schema == EXTRACTION_PACKED:
             return self._hostile(self._packed_answer(data, marked), authorization)

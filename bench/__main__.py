@@ -279,7 +279,7 @@ def main() -> None:
             f"{args.percore_processes or 'default'}, --concurrency "
             f"{args.percore_threads or 'default'}), "
             f"{args.percore_items} items, stub latency {args.percore_latency_ms:.0f} ms, "
-            "measured warm; ranges over the rounds (before and after interleaved)",
+            "measured warm; ranges over the rounds (before, after and RAGAS interleaved)",
             percore.rows(args),
         )
 

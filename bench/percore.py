@@ -10,6 +10,7 @@ on both alike, and the table quotes each side's range over the rounds.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -22,10 +23,11 @@ from typing import Any
 from bench import harness
 
 REPO = Path(__file__).resolve().parent.parent
-# RAGAS 0.4.3 on this machine kind, same stub, same 400 items (issue 29's side-by-side run; RAGAS
-# is not in the local package mirror, so its figures are constants here)
+# RAGAS 0.4.3 on this machine kind, same stub, same 400 items (issue 29's side-by-side run): the
+# row printed when no RAGAS venv is given (--percore-ragas)
 RAGAS_ITEMS_PER_S = 22.4
 RAGAS_CPU_MS = 34.0
+RAGAS = "RAGAS 0.4.3"
 
 
 class TreeWorker(harness.Process):
@@ -102,11 +104,46 @@ def local_round(
     return {"items_per_s": n / elapsed, "cpu_ms": (cpu - base) / (n - few) * 1000}
 
 
+def ragas_python(args: argparse.Namespace) -> Path | None:
+    """The RAGAS venv's interpreter, or None (the row is then skipped, said in one line)."""
+    if not args.percore_ragas:
+        print("  (RAGAS row not measured: no --percore-ragas VENV (or RAGAS_VENV) given)")
+        return None
+    python = Path(args.percore_ragas) / "bin" / "python"
+    if not python.exists():
+        print(f"  (RAGAS row not measured: {python} is missing)")
+        return None
+    return python
+
+
+def ragas_round(env: dict[str, Any], python: Path, n: int, tag: str) -> dict[str, float]:
+    """RAGAS's context recall (bench/ragas_run.py, its own process) over the same items as
+    recallq's round `tag`, against the same stub: warm-up 40 items, then n timed."""
+    warm = harness.ndjson_file(40, f"w{tag}", env["dir"])
+    path = harness.ndjson_file(n, tag, env["dir"])
+    log = Path(tempfile.mkstemp(prefix="recallq-percore-ragas-", suffix=".log")[1])
+    with log.open("wb") as errors:
+        done = subprocess.run(
+            [str(python), str(REPO / "bench" / "ragas_run.py"), "--warmup", str(warm), str(path)]
+            + ["--base-url", env["stub"].base_url, "--max-workers", "16"],
+            stdout=subprocess.PIPE,
+            stderr=errors,
+            env={**os.environ, "RAGAS_DO_NOT_TRACK": "true"},
+            timeout=1800,
+            check=False,
+        )
+    assert done.returncode == 0, f"bench/ragas_run.py exited {done.returncode}, see {log}"
+    found = json.loads(done.stdout.decode().strip().splitlines()[-1])
+    assert found["items"] == n, found
+    return {"items_per_s": n / found["seconds"], "cpu_ms": found["cpu_s"] / n * 1000}
+
+
 def measure(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
     trees = {"this tree": REPO}
     if args.percore_baseline:
         trees = {"baseline": Path(args.percore_baseline).resolve(), **trees}
     found: dict[str, list[dict[str, float]]] = {}
+    ragas = ragas_python(args)
     with harness.environment(args.percore_latency_ms) as env:
         api, url = harness.start_api(env["env"])
         try:
@@ -119,27 +156,37 @@ def measure(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
                             result = one_round(env, url, tree, args, tag)
                         else:
                             result = local_round(env, tree, args, tag)
-                        found.setdefault(label, []).append(result)
-                        print(
-                            f"  ({label}, round {r + 1}: {result['items_per_s']:.1f} items/s, "
-                            f"{result['cpu_ms']:.1f} ms CPU/item)",
-                            flush=True,
-                        )
+                        _keep(found, label, r, result)
+                if ragas is not None:  # this tree's worker items of the round, the same stub
+                    _keep(found, RAGAS, r, ragas_round(env, ragas, args.percore_items, f"tw{r}"))
         finally:
             api.stop()
     return found
 
 
-def _range(values: list[float]) -> str:
+def _keep(found: dict[str, list[dict[str, float]]], label: str, r: int, result: dict) -> None:
+    found.setdefault(label, []).append(result)
+    print(
+        f"  ({label}, round {r + 1}: {result['items_per_s']:.1f} items/s, "
+        f"{result['cpu_ms']:.1f} ms CPU/item)",
+        flush=True,
+    )
+
+
+def _range(values: list[float], digits: int = 1) -> str:
     low, high = min(values), max(values)
-    return f"{low:.1f}" if round(low, 1) == round(high, 1) else f"{low:.1f}-{high:.1f}"
+    if round(low, digits) == round(high, digits):
+        return f"{low:.{digits}f}"
+    return f"{low:.{digits}f}-{high:.{digits}f}"
 
 
 def rows(args: argparse.Namespace) -> list[tuple[str, ...]]:
     table: list[tuple[str, ...]] = [
         ("worker", "rounds", "items/s", "worker CPU ms/item", "median CPU ms/item")
     ]
-    for name, results in measure(args).items():
+    measured = measure(args)
+    ragas = measured.pop(RAGAS, None)
+    for name, results in measured.items():
         cpu = [r["cpu_ms"] for r in results]
         table.append(
             (
@@ -150,15 +197,40 @@ def rows(args: argparse.Namespace) -> list[tuple[str, ...]]:
                 f"{statistics.median(cpu):.1f}",
             )
         )
+    if ragas is None:
+        table.append(
+            (
+                f"{RAGAS} (issue 29's figures)",
+                "-",
+                f"{RAGAS_ITEMS_PER_S:.1f}",
+                f"{RAGAS_CPU_MS:.1f} (whole process)",
+                "-",
+            )
+        )
+        return table
+    cpu = [r["cpu_ms"] for r in ragas]
     table.append(
         (
-            "RAGAS 0.4.3 (issue 29's figures)",
-            "-",
-            f"{RAGAS_ITEMS_PER_S:.1f}",
-            f"{RAGAS_CPU_MS:.1f} (whole process)",
-            "-",
+            f"{RAGAS} (whole process, measured)",
+            str(len(ragas)),
+            _range([r["items_per_s"] for r in ragas]),
+            _range(cpu),
+            f"{statistics.median(cpu):.1f}",
         )
     )
+    for name, results in measured.items():  # each round against RAGAS's round beside it
+        pairs = list(zip(results, ragas, strict=False))
+        speed = [ours["items_per_s"] / theirs["items_per_s"] for ours, theirs in pairs]
+        cost = [ours["cpu_ms"] / theirs["cpu_ms"] for ours, theirs in pairs]
+        table.append(
+            (
+                f"ratio recallq ({name}) / RAGAS",
+                str(len(pairs)),
+                _range(speed, 2) + "x",
+                _range(cost, 2) + "x",
+                f"{statistics.median(cost):.2f}x",
+            )
+        )
     return table
 
 
@@ -169,6 +241,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--percore-latency-ms", type=float, default=300)
     parser.add_argument("--percore-rounds", type=int, default=3)
     parser.add_argument("--percore-baseline", default="", help="another tree, interleaved")
+    parser.add_argument(
+        "--percore-ragas",
+        default=os.environ.get("RAGAS_VENV", ""),
+        help="a venv with RAGAS 0.4.3: a RAGAS row measured in each round ($RAGAS_VENV)",
+    )
     parser.add_argument(
         "--percore-local", action="store_true", help="also local mode (`recallq run FILE`)"
     )

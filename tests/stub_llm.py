@@ -35,8 +35,9 @@ of its text) and ``context_relevance`` (data ``{"ground_truth", "contexts"}`` ->
 ``{"verdicts": [{"context_index", "verdict", "reason"}]}``: a passage is relevant when it holds
 every content word of one of the ground truth's claims, ``STUB_RELEVANCE_DROP_ONCE`` /
 ``STUB_RELEVANCE_DROP_ALWAYS`` leave the last passage without a verdict
-once / always). The schema is the ``response_format`` json_schema name, else inferred from the
-data keys.
+once / always, ``STUB_RELEVANCE_BROKEN_ONCE`` makes the first answer to those passages broken
+JSON, so its repair request is answered). The schema is the ``response_format`` json_schema
+name, else inferred from the data keys.
 
 Content markers (in a ground truth, claim or context text):
 
@@ -148,6 +149,7 @@ RELEVANCE = "context_relevance"
 SCHEMAS = (EXTRACTION, ATTRIBUTION, EXTRACTION_PACKED, RELEVANCE)
 MARK_RELEVANCE_DROP_ONCE = "STUB_RELEVANCE_DROP_ONCE"
 MARK_RELEVANCE_DROP_ALWAYS = "STUB_RELEVANCE_DROP_ALWAYS"
+MARK_RELEVANCE_BROKEN_ONCE = "STUB_RELEVANCE_BROKEN_ONCE"
 
 MARK_BROKEN_JSON = "STUB_BROKEN_JSON"
 MARK_TRUNCATE = "STUB_TRUNCATE"
@@ -917,6 +919,11 @@ class StubState:
         if MARK_BROKEN_JSON in marked:
             opening = '{"claims": [' if schema == EXTRACTION else '{"verdicts": ['
             return Answer(opening, fault=MARK_BROKEN_JSON)
+        if schema == RELEVANCE and MARK_RELEVANCE_BROKEN_ONCE in marked:
+            key = data_key({"broken": data.get("ground_truth"), "contexts": data.get("contexts")})
+            if key not in self.dropped_once:
+                self.dropped_once.add(key)
+                return Answer('{"verdicts": [', fault=MARK_RELEVANCE_BROKEN_ONCE)
         if MARK_WRONG_SHAPE in marked:
             return Answer(json.dumps({"answer": 42}), fault=MARK_WRONG_SHAPE)
         payload, fault = self._payload(schema, data, marked)

@@ -32,7 +32,7 @@ from recallq.state.runs import stores_for
 from recallq.state.tables import Item, Run
 from tests.fakes import RecordingQueue
 from tests.integration.faults import make_items
-from tests.integration.test_precision import R1, R2, TRUTH, check_precision
+from tests.integration.test_precision import J1, R1, R2, TRUTH, check_precision
 from tests.integration.test_precision import items as precision_items
 from tests.services import migrated_database, write_models_file
 from tests.stub_llm import StubConfig, StubServer
@@ -502,3 +502,24 @@ def test_judged_in_the_lane_asks_a_missing_passage_again_once_then_fails_naming_
     assert found["once"]["llm_calls"] == found["always"]["llm_calls"] == 4
     # batches: extraction, attribution, relevance, then the two re-asks of passage 1
     assert provider.calls() == [] and len(provider.batches()) == 4
+
+
+def test_judged_in_the_lane_repairs_a_malformed_relevance_answer_keeping_the_verdicts(
+    lane: Lane, provider: StubServer
+) -> None:
+    item = {
+        "id": "broken",
+        "ground_truth": TRUTH,
+        "context": [J1, R1, "STUB_RELEVANCE_BROKEN_ONCE"],
+    }
+    run_id = lane.submit([item], precision="judged")
+    view = lane.poll_until_ended(run_id)
+    found = lane.items(run_id)["broken"]
+    assert found["status"] == "succeeded", found["error"]
+    assert found["context_precision"] == 0.5 and found["first_relevant_rank"] == 2
+    assert [p["relevant"] for p in found["passages"]] == [False, True, False]
+    # the attribution verdicts the relevance line carried survive its repair request
+    assert [c["verdict"] for c in found["claims"]] == ["yes", "no"]
+    assert found["passages"][1]["claims"] == [0] and found["score"] == 0.5
+    assert provider.stats()["batches"]["lines_by_schema"]["context_relevance"] == 2
+    assert view["usage"]["by_stage"]["relevance"]["llm_calls"] == 2

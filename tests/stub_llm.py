@@ -19,7 +19,9 @@ Endpoints:
 * ``GET|POST /_stub/config``: read / change fault-injection settings at runtime.
 * ``GET /_stub/calls[?offset=&limit=]``: recorded requests; ``GET /_stub/stats``: counters,
   with ``usage_by_schema``: calls and prompt/completion tokens of the answered live calls of
-  each schema (what a run's usage by stage must add up to).
+  each schema (what a run's usage by stage must add up to), and under ``batches``
+  ``lines_by_schema`` / ``usage_by_schema``: the same for the batch lines of each schema
+  (``context_relevance`` lines included: the Batch API answers every schema a live call does).
 * ``GET /_stub/batches``: every batch object plus its ``custom_ids`` and ``key_suffix``, in
   creation order, so tests can check that nothing was submitted twice.
 * ``POST /_stub/reset``: clear records, counters, per-key state, the rpm window, files and
@@ -33,9 +35,11 @@ of its text) and ``context_relevance`` (data ``{"ground_truth", "contexts"}`` ->
 ``{"verdicts": [{"context_index", "verdict", "reason"}]}``: a passage is relevant when it holds
 every content word of one of the ground truth's claims, ``STUB_RELEVANCE_DROP_ONCE`` /
 ``STUB_RELEVANCE_DROP_ALWAYS`` leave the last passage without a verdict
-once / always). The schema is the ``response_format`` json_schema name, else inferred from the
-data keys. Besides these, RAGAS 0.4.3's context-recall prompt (schema ``ragas_context_recall``,
-``tests/stub_ragas.py``) is answered every statement attributed, for side-by-side benches.
+once / always, ``STUB_RELEVANCE_BROKEN_ONCE`` makes the first answer to those passages broken
+JSON, so its repair request is answered). The schema is the ``response_format`` json_schema
+name, else inferred from the data keys. Besides these, RAGAS 0.4.3's context-recall prompt
+(schema ``ragas_context_recall``, ``tests/stub_ragas.py``) is answered every statement
+attributed, for side-by-side benches.
 
 Content markers (in a ground truth, claim or context text):
 
@@ -149,6 +153,7 @@ RELEVANCE = "context_relevance"
 SCHEMAS = (EXTRACTION, ATTRIBUTION, EXTRACTION_PACKED, RELEVANCE)
 MARK_RELEVANCE_DROP_ONCE = "STUB_RELEVANCE_DROP_ONCE"
 MARK_RELEVANCE_DROP_ALWAYS = "STUB_RELEVANCE_DROP_ALWAYS"
+MARK_RELEVANCE_BROKEN_ONCE = "STUB_RELEVANCE_BROKEN_ONCE"
 
 MARK_BROKEN_JSON = "STUB_BROKEN_JSON"
 MARK_TRUNCATE = "STUB_TRUNCATE"
@@ -850,6 +855,10 @@ class StubState:
         self.batches: dict[str, BatchJob] = {}  # creation order, which /_stub/batches keeps
         self.batch_counts: collections.Counter[str] = collections.Counter()
         self.batch_lines_by_schema: collections.Counter[str] = collections.Counter()
+        # what the answered batch lines used, per schema, as usage_by_schema for live calls
+        self.batch_usage_by_schema: dict[str, collections.Counter[str]] = collections.defaultdict(
+            collections.Counter
+        )
         self._start_outage()
 
     def configure(self, changes: dict[str, Any]) -> None:
@@ -877,6 +886,7 @@ class StubState:
         self.batches.clear()
         self.batch_counts.clear()
         self.batch_lines_by_schema.clear()
+        self.batch_usage_by_schema.clear()
 
     # -- faults -------------------------------------------------------------------------
 
@@ -919,6 +929,11 @@ class StubState:
         if MARK_BROKEN_JSON in marked:
             opening = '{"claims": [' if schema == EXTRACTION else '{"verdicts": ['
             return Answer(opening, fault=MARK_BROKEN_JSON)
+        if schema == RELEVANCE and MARK_RELEVANCE_BROKEN_ONCE in marked:
+            key = data_key({"broken": data.get("ground_truth"), "contexts": data.get("contexts")})
+            if key not in self.dropped_once:
+                self.dropped_once.add(key)
+                return Answer('{"verdicts": [', fault=MARK_RELEVANCE_BROKEN_ONCE)
         if MARK_WRONG_SHAPE in marked:
             return Answer(json.dumps({"answer": 42}), fault=MARK_WRONG_SHAPE)
         payload, fault = self._payload(schema, data, marked)
@@ -1141,6 +1156,7 @@ class StubState:
             assert schema is not None and data is not None
             _, completion = self.complete(body, schema, data)
             job.outputs.append(batch_result_line(line_id, line.custom_id, 200, completion))
+            self.count_usage(schema, completion["usage"], self.batch_usage_by_schema)
             job.completed += 1
             job.prompt_tokens += completion["usage"]["prompt_tokens"]
             job.completion_tokens += completion["usage"]["completion_tokens"]
@@ -1193,9 +1209,15 @@ class StubState:
         if entry.get("fault"):
             self.by_fault[entry["fault"]] += 1
 
-    def count_usage(self, schema: str, usage: dict[str, int]) -> None:
-        """What one answered live call used, under its schema."""
-        counted = self.usage_by_schema[schema]
+    def count_usage(
+        self,
+        schema: str,
+        usage: dict[str, int],
+        into: dict[str, collections.Counter[str]] | None = None,
+    ) -> None:
+        """What one answered live call (`into` the batch counters: batch line) used, under
+        its schema."""
+        counted = (self.usage_by_schema if into is None else into)[schema]
         counted["calls"] += 1
         counted["prompt_tokens"] += usage["prompt_tokens"]
         counted["completion_tokens"] += usage["completion_tokens"]
@@ -1215,6 +1237,7 @@ class StubState:
             )
         }
         batches["lines_by_schema"] = dict(self.batch_lines_by_schema)
+        batches["usage_by_schema"] = {k: dict(v) for k, v in self.batch_usage_by_schema.items()}
         return {
             "total": len(self.records),
             "by_status": dict(self.by_status),

@@ -12,12 +12,14 @@ a Postgres advisory lock, see recallq.batch.store). A poll:
    one has ended, reads its output and error files and applies every result by custom_id:
    claims, verdicts, scores and usage at the batch price, through the store's guarded item
    moves; a request to make next (attribution after extraction, a repair request after a
-   malformed answer, a re-ask of claims left without a verdict, a failed line again) becomes
-   a new request line in the same transaction;
+   malformed answer, a re-ask of claims left without a verdict, a failed line again, and for a
+   run with precision `judged` the context_relevance request after attribution, then a re-ask
+   of the passages its answer left without a verdict) becomes a new request line in the same
+   transaction;
 3. adopts the pending items of running batch-mode runs and plans their first request, or ends
    them as the online engine would without a call (no ground truth, claims from the claim
    cache, no claims, no context);
-4. sends the requests ready, per run and stage (extraction, then attribution), in input files
+4. sends the requests ready, per run and stage (extraction, attribution, relevance), in input files
    within the provider's limits (`batch_max_requests`, `batch_max_bytes`);
 5. completes the runs whose items all ended.
 
@@ -33,6 +35,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 from sqlalchemy import Connection
 
@@ -46,9 +49,11 @@ from recallq.batch.requests import (
     LineFailure,
     LineResult,
     answer_usage,
+    carry_relevance,
     carry_verdicts,
     custom_id,
     decide,
+    kept_verdicts,
     parse_results,
     repair_carry,
     request_line,
@@ -70,7 +75,17 @@ from recallq.judge.base import Repair
 from recallq.judge.models import JudgeModelsError, ModelConfig
 from recallq.judge.prices import Price, batch_price
 from recallq.observability import metrics
-from recallq.pipeline import AskAgain, Claims, Failed, ResendLater, Scored, Verdicts, Wait
+from recallq.pipeline import (
+    AskAgain,
+    AskAgainPassages,
+    Claims,
+    Failed,
+    Relevant,
+    ResendLater,
+    Scored,
+    Verdicts,
+    Wait,
+)
 from recallq.settings import Settings
 from recallq.state.batched_items import BatchedItemStore
 from recallq.state.claim_cache import ClaimCache
@@ -235,7 +250,8 @@ class BatchLane:
     # --- sending ------------------------------------------------------------------------------
 
     def send(self, run: LaneRun) -> int:
-        """Batches of the run's ready requests, extraction first. Returns how many."""
+        """Batches of the run's ready requests, by stage (extraction, attribution, relevance).
+        Returns how many."""
         try:
             api = self.api(run.model)
         except PermanentJudgeError as exc:  # the model cannot batch here: its items fail
@@ -447,6 +463,12 @@ class BatchLane:
             done = pipeline.scored(
                 request.claims, decision.verdicts, run.scale, len(request.contexts), run.precision
             )
+            if pipeline.needs_relevance(run.precision, len(request.contexts)):
+                # precision "judged": the relevance request next, carrying the verdicts
+                if not self.items.charge(conn, item_id, usage, Stage.ATTRIBUTION):
+                    return []
+                carry: dict[str, Any] = {"verdicts": carry_verdicts(decision.verdicts)}
+                return [NewLine(run.id, item_id, Stage.RELEVANCE, None, False, carry)]
             self.items.succeed(
                 conn,
                 item_id,
@@ -458,6 +480,30 @@ class BatchLane:
                 precision=done.precision,
             )
             return []
+        if isinstance(decision, Relevant):
+            n_contexts = len(request.contexts)
+            verdicts = kept_verdicts(request.carry)
+            done = pipeline.scored(request.claims, verdicts, run.scale, n_contexts, run.precision)
+            judged = pipeline.judged_precision(done, decision.relevance, n_contexts, run.scale)
+            self.items.succeed(
+                conn,
+                item_id,
+                judged.outcome,
+                usage,
+                Stage.RELEVANCE,
+                list(request.claims),
+                judged.verdicts,
+                precision=judged.precision,
+            )
+            return []
+        if isinstance(decision, AskAgainPassages):
+            if not self.items.charge(conn, item_id, usage, Stage.RELEVANCE):
+                return []
+            carry = {
+                "verdicts": (request.carry or {}).get("verdicts"),
+                "relevance": carry_relevance(decision.relevance),
+            }
+            return [NewLine(run.id, item_id, Stage.RELEVANCE, decision.missing, True, carry)]
         if isinstance(decision, AskAgain):
             if not self.items.charge(conn, item_id, usage, Stage.ATTRIBUTION):
                 return []

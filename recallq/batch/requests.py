@@ -4,6 +4,10 @@
     output / error file ──parse_results()──► {custom_id: Answer | LineFailure}
     a request and its result ──decide()──► what happens to the item next
 
+A run with precision `judged` makes a third request per item with a context, after attribution:
+the context_relevance request (stage `relevance`), whose line carries the item's attribution
+verdicts, so the item is scored when its relevance answer is applied.
+
 It also says what a batch answer used (at recallq.judge.prices' batch price); what the lane needs of
 a provider is recallq.batch.provider.
 
@@ -21,13 +25,22 @@ from typing import Any
 
 from recallq import pipeline
 from recallq.batch.provider import ENDPOINT, is_transient
+from recallq.core import precision as precision_rules
 from recallq.core import scoring
 from recallq.core.outcomes import Stage
 from recallq.core.usage import Usage
 from recallq.judge import protocol
 from recallq.judge.base import Repair
 from recallq.judge.prices import Price
-from recallq.pipeline import AskAgain, Claims, Failed, ResendLater, Verdicts
+from recallq.pipeline import (
+    AskAgain,
+    AskAgainPassages,
+    Claims,
+    Failed,
+    Relevant,
+    ResendLater,
+    Verdicts,
+)
 
 CUSTOM_ID_PREFIX = "rq-"
 #: Body parameters of a models file entry's litellm_params that a batch request carries, as
@@ -35,7 +48,11 @@ CUSTOM_ID_PREFIX = "rq-"
 BODY_PARAMS = ("max_tokens", "max_completion_tokens", "top_p", "seed", "reasoning_effort")
 
 
-SCHEMA = {Stage.EXTRACTION: protocol.EXTRACTION, Stage.ATTRIBUTION: protocol.ATTRIBUTION}
+SCHEMA = {
+    Stage.EXTRACTION: protocol.EXTRACTION,
+    Stage.ATTRIBUTION: protocol.ATTRIBUTION,
+    Stage.RELEVANCE: protocol.RELEVANCE,
+}
 
 
 def custom_id(line_id: int) -> str:
@@ -58,10 +75,12 @@ def line_id(custom: str) -> int | None:
 class Request:
     """One request as its line stores it, with the item data it needs.
 
-    `asked` are the claim indices an attribution asks (None: all); `reask` says it asks
-    again for claims an earlier answer left without a verdict; `carry` holds what it carries
-    over from earlier requests: `verdicts` a re-ask keeps, and for a repair request the
-    malformed `answer` and the `problem` with it."""
+    `asked` are the claim indices an attribution asks, the passage indices a relevance
+    request asks (None: all); `reask` says it asks again for claims (passages) an earlier
+    answer left without a verdict; `carry` holds what it carries over from earlier requests:
+    `verdicts` a re-ask keeps (a relevance request: the item's attribution verdicts, every
+    one), `relevance` the passage verdicts a relevance re-ask keeps, and for a repair request
+    the malformed `answer` and the `problem` with it."""
 
     line_id: int
     stage: Stage
@@ -77,13 +96,18 @@ class Request:
         return bool(self.carry) and "problem" in (self.carry or {})
 
     def asked_indices(self) -> list[int]:
-        return list(range(len(self.claims))) if self.asked is None else list(self.asked)
+        every = self.contexts if self.stage == Stage.RELEVANCE else self.claims
+        return list(range(len(every))) if self.asked is None else list(self.asked)
 
     def messages(self) -> list[dict[str, str]]:
         """The chat messages an online call would send for this request."""
         if self.stage == Stage.EXTRACTION:
             assert self.ground_truth is not None
             messages = protocol.extraction_messages(self.ground_truth)
+        elif self.stage == Stage.RELEVANCE:
+            assert self.ground_truth is not None
+            passages = [(i, self.contexts[i]) for i in self.asked_indices()]
+            messages = protocol.relevance_messages(self.ground_truth, passages)
         else:
             asked = [self.claims[i] for i in self.asked_indices()]
             messages = protocol.attribution_messages(asked, list(self.contexts))
@@ -226,7 +250,7 @@ def decide(
     result: LineResult | None,
     limits: protocol.AnswerLimits = protocol.DEFAULT_LIMITS,
     redact: protocol.Redact | None = None,
-) -> Claims | Verdicts | AskAgain | Repair | Failed | ResendLater:
+) -> Claims | Verdicts | AskAgain | Relevant | AskAgainPassages | Repair | Failed | ResendLater:
     """What a request's result means for its item (None: the batch did not answer it), by
     the pipeline's rules (recallq.pipeline), as online: within the answer limits, with
     secrets out of the answer (`redact`)."""
@@ -242,6 +266,14 @@ def decide(
         return data
     if request.stage == Stage.EXTRACTION:
         return Claims(list(data["claims"]))
+    if request.stage == Stage.RELEVANCE:
+        return pipeline.relevance_found(
+            data.get("verdicts"),
+            request.asked_indices(),
+            len(request.contexts),
+            kept_relevance(request.carry),
+            request.reask,
+        )
     return pipeline.verdicts_found(
         data.get("verdicts"),
         request.asked_indices(),
@@ -287,9 +319,29 @@ def kept_verdicts(carry: dict[str, Any] | None) -> dict[int, scoring.Verdict]:
     }
 
 
+def carry_relevance(relevance: dict[int, precision_rules.Relevance]) -> dict[str, Any]:
+    """Passage verdicts as a relevance line's `carry` stores them (JSON: string keys)."""
+    return {
+        str(index): {"relevant": verdict.relevant, "reason": verdict.reason}
+        for index, verdict in relevance.items()
+    }
+
+
+def kept_relevance(carry: dict[str, Any] | None) -> dict[int, precision_rules.Relevance]:
+    """The passage verdicts a relevance line carries over from an earlier answer."""
+    stored = (carry or {}).get("relevance") or {}
+    return {
+        int(index): precision_rules.Relevance(int(index), bool(v["relevant"]), v.get("reason", ""))
+        for index, v in stored.items()
+    }
+
+
 def repair_carry(request: Request, repair: Repair) -> dict[str, Any]:
-    """What the repair request of `request` carries: its kept verdicts, the bad answer and
-    what was wrong with it."""
-    carry: dict[str, Any] = {"answer": repair.answer, "problem": repair.problem}
-    kept = (request.carry or {}).get("verdicts")
-    return {"verdicts": kept, **carry} if kept else carry
+    """What the repair request of `request` carries: what it carried over (kept verdicts),
+    the bad answer and what was wrong with it."""
+    kept = {
+        key: value
+        for key, value in (request.carry or {}).items()
+        if key not in ("answer", "problem") and value
+    }
+    return kept | {"answer": repair.answer, "problem": repair.problem}

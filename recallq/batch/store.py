@@ -97,7 +97,7 @@ class LaneRun:
     model: str
     scale: float
     retry_deadline_s: float | None
-    precision: str = "cited"  # cited | off (a batch-mode run is never judged)
+    precision: str = "cited"  # cited | judged (a relevance request after attribution) | off
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,8 @@ class Unplanned:
 
 @dataclass(frozen=True)
 class NewLine:
-    """A request to add, ready for the next batch."""
+    """A request to add, ready for the next batch. `claim_indices` are the indices it asks:
+    claims for an attribution, passages for a relevance request (None: all)."""
 
     run_id: str
     item_id: int
@@ -301,7 +302,7 @@ class LaneStore:
                 .order_by(lines.c.id)
                 .limit(limit)
             ).all()
-            attributing = [r.item_id for r in rows if r.stage == Stage.ATTRIBUTION]
+            attributing = [r.item_id for r in rows if r.stage != Stage.EXTRACTION]
             known = _claims_of(conn, attributing)
         return [
             LineRow(

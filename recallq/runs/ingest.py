@@ -128,7 +128,7 @@ def build_spec(
     # none or "" is the default model; anything else must name one ({} is no model)
     model = require_known_model(default_model if model in (None, "") else model, known_models)
     run_mode = _mode(mode, model, batch_models)
-    precision_mode = _precision(precision, run_mode)
+    precision_mode = _precision(precision)
     try:
         scale = scoring.submitted_scale(scale)
         extractor = ctx.validate_extractor(context_extractor)
@@ -168,20 +168,13 @@ def build_spec(
     )
 
 
-def _precision(value: Any, mode: RunMode) -> precision_rules.PrecisionMode:
-    """`cited` (default), `judged` or `off`. The provider batch lane makes no
-    context_relevance call: a batch-mode run cannot be `judged`."""
+def _precision(value: Any) -> precision_rules.PrecisionMode:
+    """`cited` (default), `judged` or `off`, in either mode (the provider batch lane makes
+    `judged`'s context_relevance requests as the online engine makes its calls)."""
     try:
-        chosen = precision_rules.validate_mode(value)
+        return precision_rules.validate_mode(value)
     except ValueError as exc:
         raise SubmissionError(str(exc)) from exc
-    if chosen == precision_rules.PrecisionMode.JUDGED and mode == RunMode.BATCH:
-        raise SubmissionError(
-            'precision "judged" cannot run in batch mode (the provider batch lane makes no '
-            'context_relevance call): use mode "online", or precision "cited"',
-            code="batch_not_supported",
-        )
-    return chosen
 
 
 def _mode(value: Any, model: str, batch_models: Iterable[str]) -> RunMode:

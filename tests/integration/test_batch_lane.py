@@ -32,6 +32,8 @@ from recallq.state.runs import stores_for
 from recallq.state.tables import Item, Run
 from tests.fakes import RecordingQueue
 from tests.integration.faults import make_items
+from tests.integration.test_precision import J1, R1, R2, TRUTH, check_precision
+from tests.integration.test_precision import items as precision_items
 from tests.services import migrated_database, write_models_file
 from tests.stub_llm import StubConfig, StubServer
 
@@ -439,3 +441,85 @@ def test_only_one_worker_polls_at_a_time(lane: Lane) -> None:
             assert not second
         assert not lane.lane.poll().polled
     assert lane.lane.poll().polled
+
+
+def test_judged_precision_in_the_lane_one_relevance_request_per_item_with_a_context(
+    lane: Lane, provider: StubServer
+) -> None:
+    cache_before = lane.sql("SELECT count(*) FROM claim_cache")[0][0]
+    run_id = lane.submit(precision_items("batch-judged"), precision="judged")
+    view = lane.poll_until_ended(run_id)
+    assert view["status"] == "completed" and view["precision"] == "judged"
+    assert view["counts"]["succeeded"] == 8
+    found = lane.items(run_id)
+    check_precision(found)  # each item's context_precision: the average precision by hand
+    assert found["first"]["passages"][0]["reason"] == "stub: states a fact"
+    assert found["first"]["passages"][2]["reason"] == "stub: states none"
+    assert provider.calls() == []  # not one online call
+    unique_custom_ids(provider)
+    batches = provider.stats()["batches"]
+    # one per item with a context and a ground truth (7 items have a ground truth, 6 a context)
+    assert batches["lines_by_schema"] == {
+        "claim_extraction": 7,
+        "claim_attribution": 6,
+        "context_relevance": 6,
+    }
+    relevance, counted = view["usage"]["by_stage"]["relevance"], batches["usage_by_schema"]
+    assert relevance["llm_calls"] == counted["context_relevance"]["calls"] == 6
+    assert relevance["prompt_tokens"] == counted["context_relevance"]["prompt_tokens"]
+    assert relevance["completion_tokens"] == counted["context_relevance"]["completion_tokens"]
+    assert relevance["cost_usd"] == pytest.approx(
+        (relevance["prompt_tokens"] * PRICE_IN + relevance["completion_tokens"] * PRICE_OUT) / 2,
+        rel=1e-4,
+    )
+    stages = view["usage"]["by_stage"]
+    for key in ("llm_calls", "prompt_tokens", "completion_tokens"):
+        total = sum(stages[stage][key] for stage in ("extraction", "attribution", "relevance"))
+        assert total == view["usage"][key], key
+    assert view["batch"]["completed"] == view["usage"]["llm_calls"] == 19
+    # the claim cache holds the one ground truth's claims, as any run's: relevance adds none
+    assert lane.sql("SELECT count(*) FROM claim_cache")[0][0] == cache_before + 1
+
+
+def test_judged_in_the_lane_asks_a_missing_passage_again_once_then_fails_naming_it(
+    lane: Lane, provider: StubServer
+) -> None:
+    once = {"id": "once", "ground_truth": TRUTH, "context": [R1, "STUB_RELEVANCE_DROP_ONCE"]}
+    always = {"id": "always", "ground_truth": TRUTH, "context": [R2, "STUB_RELEVANCE_DROP_ALWAYS"]}
+    run_id = lane.submit([once, always], precision="judged")
+    view = lane.poll_until_ended(run_id)
+    found = lane.items(run_id)
+    errors = {key: item["error"] for key, item in found.items()}
+    assert view["counts"]["succeeded"] == 1 and view["counts"]["failed"] == 1, errors
+    assert found["once"]["context_precision"] == 1.0
+    assert [p["relevant"] for p in found["once"]["passages"]] == [True, False]
+    assert found["always"]["error"] == (
+        "the judge gave no relevance verdict for passage(s) 1, asked twice"
+    )
+    assert found["always"]["context_precision"] is None
+    assert provider.stats()["batches"]["lines_by_schema"]["context_relevance"] == 4
+    assert view["usage"]["by_stage"]["relevance"]["llm_calls"] == 4
+    assert found["once"]["llm_calls"] == found["always"]["llm_calls"] == 4
+    # batches: extraction, attribution, relevance, then the two re-asks of passage 1
+    assert provider.calls() == [] and len(provider.batches()) == 4
+
+
+def test_judged_in_the_lane_repairs_a_malformed_relevance_answer_keeping_the_verdicts(
+    lane: Lane, provider: StubServer
+) -> None:
+    item = {
+        "id": "broken",
+        "ground_truth": TRUTH,
+        "context": [J1, R1, "STUB_RELEVANCE_BROKEN_ONCE"],
+    }
+    run_id = lane.submit([item], precision="judged")
+    view = lane.poll_until_ended(run_id)
+    found = lane.items(run_id)["broken"]
+    assert found["status"] == "succeeded", found["error"]
+    assert found["context_precision"] == 0.5 and found["first_relevant_rank"] == 2
+    assert [p["relevant"] for p in found["passages"]] == [False, True, False]
+    # the attribution verdicts the relevance line carried survive its repair request
+    assert [c["verdict"] for c in found["claims"]] == ["yes", "no"]
+    assert found["passages"][1]["claims"] == [0] and found["score"] == 0.5
+    assert provider.stats()["batches"]["lines_by_schema"]["context_relevance"] == 2
+    assert view["usage"]["by_stage"]["relevance"]["llm_calls"] == 2

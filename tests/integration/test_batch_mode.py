@@ -17,6 +17,8 @@ import pytest
 from sqlalchemy import create_engine, text
 
 from tests.integration.faults import make_items, wait_until
+from tests.integration.test_precision import check_precision
+from tests.integration.test_precision import items as precision_items
 from tests.launcher import run_recallq
 from tests.services import (
     REPO,
@@ -276,6 +278,24 @@ def test_batch_mode_needs_a_model_marked_batch(api: str) -> None:
     assert error["code"] == "batch_not_supported" and "stub-judge" in error["message"]
     bad = httpx.post(f"{api}/v1/runs", json={**body, "mode": "fast"}, timeout=30)
     assert bad.status_code == 422
+
+
+def test_a_judged_batch_run_gets_its_precision_through_the_batch_api(
+    api: str, worker: list[Process], provider: StubServer
+) -> None:
+    run_id = submit(api, precision_items("api-judged"), mode="batch", precision="judged")
+    run = wait_for_run(api, run_id)
+    assert run["status"] == "completed" and run["counts"]["succeeded"] == 8
+    assert run["mode"] == "batch" and run["precision"] == "judged"
+    page = httpx.get(f"{api}/v1/runs/{run_id}/items", params={"limit": 100}, timeout=30).json()
+    check_precision({item["id"]: item for item in page["items"]})
+    stats = provider.stats()
+    assert stats["total"] == 0  # not one online call
+    relevance = run["usage"]["by_stage"]["relevance"]
+    assert stats["batches"]["lines_by_schema"]["context_relevance"] == 6
+    assert relevance["llm_calls"] == 6 and relevance["cost_usd"] > 0
+    assert run["usage"]["by_lane"]["batch"]["llm_calls"] == run["usage"]["llm_calls"]
+    unique_custom_ids(provider)
 
 
 def cli(*args: str, api: str) -> subprocess.CompletedProcess[str]:

@@ -16,9 +16,11 @@ from recallq.batch.requests import (
     LineFailure,
     Request,
     answer_usage,
+    carry_relevance,
     carry_verdicts,
     custom_id,
     decide,
+    kept_relevance,
     kept_verdicts,
     line_id,
     parse_results,
@@ -27,10 +29,20 @@ from recallq.batch.requests import (
     result_of,
 )
 from recallq.core.outcomes import Stage
+from recallq.core.precision import Relevance
 from recallq.core.scoring import Verdict
 from recallq.judge import protocol
 from recallq.judge.prices import Price
-from recallq.pipeline import AskAgain, Claims, Failed, Repair, ResendLater, Verdicts
+from recallq.pipeline import (
+    AskAgain,
+    AskAgainPassages,
+    Claims,
+    Failed,
+    Relevant,
+    Repair,
+    ResendLater,
+    Verdicts,
+)
 
 CLAIMS = ("Ada was born in 1815", "Ada wrote notes", "Ada liked tea")
 CONTEXTS = ("Ada Lovelace was born in 1815.", "She wrote notes on the engine.")
@@ -250,3 +262,64 @@ def test_an_answer_costs_its_tokens_at_the_batch_price() -> None:
     usage = answer_usage(answered("{}"), Price(1e-6, 4e-6))
     assert (usage.llm_calls, usage.call_attempts, usage.failed_calls) == (1, 1, 0)
     assert usage.cost_usd == pytest.approx(100 * 1e-6 + 20 * 4e-6)
+
+
+# --- precision "judged": the relevance request ---------------------------------------------
+
+
+def relevance(line: int = 9, **fields: Any) -> Request:
+    return Request(
+        line,
+        Stage.RELEVANCE,
+        ground_truth=GROUND_TRUTH,
+        claims=CLAIMS,
+        contexts=CONTEXTS,
+        **fields,
+    )
+
+
+def relevance_answer(*indices: int) -> Answer:
+    """Passage 0 relevant, the others not."""
+    verdicts = [
+        {"context_index": i, "verdict": "yes" if i == 0 else "no", "reason": f"p{i}"}
+        for i in indices
+    ]
+    return answered(json.dumps({"verdicts": verdicts}))
+
+
+def test_a_relevance_request_is_the_online_context_relevance_call() -> None:
+    body = json.loads(request_line(relevance(), "judge", {}))["body"]
+    passages = list(enumerate(CONTEXTS))
+    assert body["messages"] == protocol.relevance_messages(GROUND_TRUTH, passages)
+    assert body["response_format"] == protocol.response_format(protocol.RELEVANCE)
+    reask = json.loads(request_line(relevance(asked=(1,), reask=True), "judge", {}))["body"]
+    assert reask["messages"] == protocol.relevance_messages(GROUND_TRUTH, [(1, CONTEXTS[1])])
+
+
+def test_passages_left_without_a_relevance_verdict_are_asked_again_once_then_fail() -> None:
+    first = decide(relevance(), relevance_answer(0, 5))  # 5 out of range
+    assert isinstance(first, AskAgainPassages) and first.missing == [1]
+    assert first.relevance == {0: Relevance(0, True, "p0")}
+    carry = {"verdicts": {}, "relevance": carry_relevance(first.relevance)}
+    assert kept_relevance(carry) == first.relevance
+    reask = relevance(asked=(1,), reask=True, carry=carry)
+    done = decide(reask, relevance_answer(1))  # a passage keeps its own index in a re-ask
+    assert isinstance(done, Relevant) and done.relevance[1] == Relevance(1, False, "p1")
+    assert done.relevance[0] == first.relevance[0]
+    still = decide(reask, answered('{"verdicts": []}'))
+    assert still == Failed("the judge gave no relevance verdict for passage(s) 1, asked twice")
+
+
+def test_a_repair_of_a_relevance_request_keeps_what_it_carries() -> None:
+    carry = {
+        "verdicts": carry_verdicts({0: Verdict(0, "yes", [0], "ok")}),
+        "relevance": carry_relevance({0: Relevance(0, True, "p0")}),
+    }
+    request = relevance(asked=(1,), reask=True, carry=carry)
+    repair = decide(request, answered("nope"))
+    assert isinstance(repair, Repair)
+    kept = repair_carry(request, repair)
+    assert kept_verdicts(kept) == {0: Verdict(0, "yes", [0], "ok")}
+    assert kept_relevance(kept) == {0: Relevance(0, True, "p0")}
+    again = decide(relevance(asked=(1,), reask=True, carry=kept), answered("nope"))
+    assert isinstance(again, Failed) and again.error.startswith("context_relevance: malformed")

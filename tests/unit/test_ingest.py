@@ -611,12 +611,11 @@ def test_precision_field_one_rule_one_message() -> None:
     assert spec(precision="off").precision == "off"
     with pytest.raises(SubmissionError, match='precision must be "cited", "judged" or "off"'):
         spec(precision="ranked")
-    with pytest.raises(SubmissionError, match="cannot run in batch mode") as refused:
-        build_spec(
-            model="local/lexical",
-            known_models=KNOWN,
-            mode="batch",
-            batch_models=KNOWN,
-            precision="judged",
-        )
-    assert refused.value.code == "batch_not_supported"
+    batched = build_spec(  # the provider batch lane makes the context_relevance requests
+        model="local/lexical",
+        known_models=KNOWN,
+        mode="batch",
+        batch_models=KNOWN,
+        precision="judged",
+    )
+    assert batched.precision == "judged" and batched.mode == "batch"

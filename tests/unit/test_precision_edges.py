@@ -4,12 +4,16 @@ entry point."""
 
 from __future__ import annotations
 
+import csv
 from pathlib import Path
 
 import pytest
 
 import recallq
 from recallq.core import precision
+from recallq.core.precision import REFERENCE_IDS as REFERENCE
+from recallq.core.precision import RETRIEVED_IDS as RETRIEVED
+from recallq.runs import dataset
 
 ITEM = {"id": "q", "ground_truth": "Einstein was born in 1879.", "context": ["Born in 1879."]}
 
@@ -21,6 +25,22 @@ def test_no_reference_id_leaves_id_precision_null_like_no_ground_truth() -> None
     assert precision.id_scores([], [], 1.0) == (None, None)
     # a reference id and nothing retrieved is a miss: recall 0, precision null (no context)
     assert precision.id_scores([], ["a"], 10.0) == (None, 0.0)
+
+
+def test_csv_cells_carry_ids_as_lists(tmp_path: Path) -> None:
+    path = tmp_path / "ids.csv"
+    with path.open("w", newline="", encoding="utf-8") as file:
+        writer = csv.writer(file)
+        writer.writerow(["id", "ground_truth", "context", RETRIEVED, REFERENCE])
+        # a JSON list, and the Python repr pandas' to_csv writes for a list column (RAGAS's)
+        writer.writerow(
+            ["q", ITEM["ground_truth"], "Born in 1879.", '["r1", "r2"]', "['r2', 'r9']"]
+        )
+    (item,) = dataset.items_from(path)
+    assert item["metadata"] == {RETRIEVED: ["r1", "r2"], REFERENCE: ["r2", "r9"]}
+    url = f"sqlite:///{tmp_path / 'recallq.db'}"
+    summary = recallq.evaluate(path, database_url=url, progress=False).summary
+    assert summary["mean_id_precision"] == 0.5 and summary["mean_id_recall"] == 0.5
 
 
 @pytest.mark.parametrize(

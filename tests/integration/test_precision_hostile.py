@@ -191,3 +191,33 @@ def test_a_planted_instruction_travels_only_in_its_own_items_call(api: str, clea
         victim = item(api, run["id"], f"victim-{i}")
         assert [p["relevant"] for p in victim["passages"]] == [False, True]
         assert victim["context_precision"] == 0.5
+
+
+IDS_ERROR = "item 0: retrieved_context_ids must be a list of ids (strings or integers)"
+
+
+@pytest.mark.parametrize(
+    "ids", ["r1", {"r1": 1}, [1.5], [None], [["r1"]], [True], 7], ids=lambda v: type(v).__name__
+)
+def test_bad_ids_are_a_422_with_the_local_message(api: str, ids: Any) -> None:
+    bad = {"id": "x", "ground_truth": "x", "context": ["x"], "retrieved_context_ids": ids}
+    bad["reference_context_ids"] = ["r1"]
+    response = httpx.post(f"{api}/v1/runs", json={"items": [bad]}, timeout=30)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["message"] == IDS_ERROR
+    ndjson = httpx.post(
+        f"{api}/v1/runs",
+        content=json.dumps(bad).encode() + b"\n",
+        headers={"Content-Type": "application/x-ndjson"},
+        timeout=30,
+    )
+    assert ndjson.status_code == 422, ndjson.text
+    assert ndjson.json()["error"]["message"] == IDS_ERROR
+
+
+@pytest.mark.parametrize("value", [True, ["judged"], {"mode": "judged"}, "", " judged", 1.5])
+def test_a_precision_of_another_type_is_the_one_422(api: str, value: Any) -> None:
+    item = {"id": "x", "ground_truth": "x", "context": ["x"]}
+    response = httpx.post(f"{api}/v1/runs", json={"precision": value, "items": [item]}, timeout=30)
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["message"] == 'precision must be "cited", "judged" or "off"'

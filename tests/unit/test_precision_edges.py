@@ -5,12 +5,15 @@ entry point."""
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 
 import pytest
 
 import recallq
+from recallq.cli.parser import build_parser
 from recallq.core import precision
+from recallq.core.gates import Gate, misses
 from recallq.core.precision import REFERENCE_IDS as REFERENCE
 from recallq.core.precision import RETRIEVED_IDS as RETRIEVED
 from recallq.runs import dataset
@@ -55,3 +58,30 @@ def test_bad_ids_are_the_one_message(ids: object, tmp_path: Path) -> None:
     assert str(raised.value) == (
         "item 0: retrieved_context_ids must be a list of ids (strings or integers)"
     )
+
+
+@pytest.mark.parametrize(
+    "command", [["run", "data.jsonl"], ["submit", "data.jsonl"], ["gate", "r"]]
+)
+@pytest.mark.parametrize("option", ["--min-precision", "--min-score"])
+@pytest.mark.parametrize("value", ["nan", "NaN", "inf", "-inf"])
+def test_a_gate_threshold_that_is_not_a_finite_number_is_refused(
+    command: list[str], option: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # every comparison with NaN is false: `mean < nan` let every run pass its gate
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args([*command, f"{option}={value}"])
+    assert exited.value.code == 2
+    assert f"argument {option}: must be a finite number, got {value!r}" in capsys.readouterr().err
+
+
+def test_a_nan_threshold_never_passes_a_gate() -> None:
+    view = {
+        "id": "r",
+        "status": "completed",
+        "counts": {"total": 1, "pending": 0, "running": 0, "succeeded": 1, "failed": 0},
+        "summary": {"mean_score": 0.5, "mean_context_precision": 0.5, "no_context": 0},
+    }
+    for gate in (Gate(min_precision=math.nan), Gate(min_score=math.nan)):
+        assert misses(view, gate), gate
+    assert not misses(view, Gate(min_precision=0.5, min_score=0.5))

@@ -1650,7 +1650,10 @@ class StubServer:
                 return line[len(READY_PREFIX) :].strip()
 
     def configure(self, **config: Any) -> None:
-        self._client.post("/_stub/config", json=config).raise_for_status()
+        # ASCII JSON: a hostile setting may hold a lone surrogate, which UTF-8 cannot carry
+        body = json.dumps(config).encode()
+        headers = {"content-type": "application/json"}
+        self._client.post("/_stub/config", content=body, headers=headers).raise_for_status()
 
     def calls(self) -> list[dict[str, Any]]:
         return self._get("/_stub/calls")

@@ -4,7 +4,8 @@ call with whatever verdicts a test gives): verdicts that name no passage it was 
 that are neither yes nor no, leave the passages unjudged (asked again once, then the item fails
 naming them, never a made-up relevance); an over-long reason fails the item unrepaired and
 stores nothing of it; a reason carrying a key or a script is stored and shown redacted and
-escaped; a passage's planted instruction travels in its own item's call only."""
+escaped, one with a NUL or a lone surrogate readable; a passage's planted instruction travels
+in its own item's call only; bad ids and precision values are the one 422 message."""
 
 from __future__ import annotations
 
@@ -221,3 +222,27 @@ def test_a_precision_of_another_type_is_the_one_422(api: str, value: Any) -> Non
     response = httpx.post(f"{api}/v1/runs", json={"precision": value, "items": [item]}, timeout=30)
     assert response.status_code == 422, response.text
     assert response.json()["error"]["message"] == 'precision must be "cited", "judged" or "off"'
+
+
+@pytest.mark.parametrize(
+    "odd", ["NUL \u0000 here", "lone \ud800 surrogate"], ids=["nul", "surrogate"]
+)
+def test_a_reason_with_a_nul_or_a_lone_surrogate_is_stored_readable(
+    api: str, clean_stub, database: Any, odd: str
+) -> None:
+    clean_stub.configure(
+        relevance_verdicts=[
+            {"context_index": 0, "verdict": "yes", "reason": odd},
+            {"context_index": 1, "verdict": "no", "reason": "none"},
+        ]
+    )
+    run = judged_run(api, "odd")
+    found = item(api, run["id"], "odd")
+    assert found["status"] == "succeeded", found
+    assert found["context_precision"] == 1.0  # the item reads (a lone surrogate made it a 500)
+    replaced = odd.replace("\u0000", "\ufffd").replace("\ud800", "\ufffd")
+    assert found["passages"][0]["reason"] == replaced
+    (row,) = stored_passages(database, run["id"])
+    assert row[1] == 1.0 and "\\u0000" not in row[0]
+    page = httpx.get(f"{api}/runs/{run['id']}/items/odd", follow_redirects=True, timeout=30)
+    assert page.status_code == 200 and replaced in page.text

@@ -5,6 +5,7 @@ entry point."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from recallq.core import precision
 from recallq.core.gates import Gate, misses
 from recallq.core.precision import REFERENCE_IDS as REFERENCE
 from recallq.core.precision import RETRIEVED_IDS as RETRIEVED
+from recallq.judge import protocol
 from recallq.runs import dataset
 
 ITEM = {"id": "q", "ground_truth": "Einstein was born in 1879.", "context": ["Born in 1879."]}
@@ -85,3 +87,20 @@ def test_a_nan_threshold_never_passes_a_gate() -> None:
     for gate in (Gate(min_precision=math.nan), Gate(min_score=math.nan)):
         assert misses(view, gate), gate
     assert not misses(view, Gate(min_precision=0.5, min_score=0.5))
+
+
+@pytest.mark.parametrize("schema", [protocol.RELEVANCE, protocol.ATTRIBUTION])
+def test_a_judges_nul_or_lone_surrogate_becomes_a_replacement_character(schema: str) -> None:
+    # Postgres text cannot hold a NUL, and a lone surrogate cannot be encoded as UTF-8: stored
+    # in a JSON column it made every read of the item a 500
+    index = "context_index" if schema == protocol.RELEVANCE else "claim_index"
+    answer = json.dumps(
+        {"verdicts": [{index: 0, "verdict": "yes", "reason": "a\u0000b\ud800c", "x": ["\udfff"]}]}
+    )
+    for redact in (None, str.upper):
+        data = protocol.parse_answer(schema, answer, "stop", redact=redact)
+        (verdict,) = data["verdicts"]
+        assert verdict["reason"] == ("A\ufffdB\ufffdC" if redact else "a\ufffdb\ufffdc")
+        assert verdict["x"] == ["\ufffd"]
+    claims = protocol.parse_answer(protocol.EXTRACTION, '{"claims": ["x\\u0000y"]}', "stop")
+    assert claims["claims"] == ["x\ufffdy"]

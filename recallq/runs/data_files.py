@@ -336,7 +336,8 @@ def _context_columns(mapping: Mapping[str, str]) -> set[str]:
 def _id_columns(mapping: Mapping[str, str]) -> set[str]:
     """Columns that hold an item's retrieved or reference passage ids (a list each)."""
     names = {precision.RETRIEVED_IDS, precision.REFERENCE_IDS}
-    mapped = {source for source, target in mapping.items() if target in names}
+    targets = names | {f"metadata.{name}" for name in names}
+    mapped = {source for source, target in mapping.items() if target in targets}
     return (names - set(mapping)) | mapped
 
 

@@ -104,3 +104,14 @@ def test_a_judges_nul_or_lone_surrogate_becomes_a_replacement_character(schema: 
         assert verdict["x"] == ["\ufffd"]
     claims = protocol.parse_answer(protocol.EXTRACTION, '{"claims": ["x\\u0000y"]}', "stop")
     assert claims["claims"] == ["x\ufffdy"]
+
+
+def test_csv_columns_mapped_to_the_ids_carry_lists(tmp_path: Path) -> None:
+    path = tmp_path / "mapped.csv"
+    with path.open("w", newline="", encoding="utf-8") as file:
+        writer = csv.writer(file)
+        writer.writerow(["id", "ground_truth", "context", "ret", "ref"])
+        writer.writerow(["q", ITEM["ground_truth"], "Born in 1879.", '["r1", "r2"]', "['r1']"])
+    mapping = {"ret": f"metadata.{RETRIEVED}", "ref": f"metadata.{REFERENCE}"}
+    (item,) = dataset.items_from(path, mapping=mapping)
+    assert item["metadata"] == {RETRIEVED: ["r1", "r2"], REFERENCE: ["r1"]}

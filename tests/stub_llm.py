@@ -97,6 +97,9 @@ Config keys (``/_stub/config``, ``StubServer(**config)``; CLI flags for the firs
   a hash of the claim's text and ``flip_seed`` (the same claim flips in every call and every
   run), or with ``flip_per_call`` drawn afresh in each call from the seeded RNG. The rule
   (``attribute``) is then the "human" truth and the flip rate the judge's known error.
+* ``relevance_verdicts`` (null or a list): a hostile judge that answers every
+  ``context_relevance`` call ``{"verdicts": <that list>}`` verbatim, whatever it was asked
+  (out-of-range or duplicated indices, verdicts that are neither yes nor no, any reason).
 * ``batch_max_requests`` (default 50,000), ``batch_max_bytes`` (default 200 MB): larger input
   files are refused (400) when a batch is created from them, as are duplicate custom_ids,
   lines that are not ``{"custom_id", "method": "POST", "url": <endpoint>, "body"}`` and
@@ -221,6 +224,7 @@ class StubConfig:
     flip_rate: float = 0.0
     flip_per_call: bool = False
     flip_seed: int = 0
+    relevance_verdicts: list[Any] | None = None  # a hostile judge's verdicts (module docstring)
 
     def update(self, changes: dict[str, Any]) -> None:
         """Apply ``changes`` after validating every key and value (all or nothing)."""
@@ -279,6 +283,10 @@ def _coerce(key: str, value: Any) -> Any:
         return value
     if key == "flip_seed":
         return int(value)
+    if key == "relevance_verdicts":
+        if value is not None and not isinstance(value, list):
+            raise ValueError("relevance_verdicts must be null or a list")
+        return value
     raise ValueError(f"unknown config key: {key}")
 
 
@@ -1021,6 +1029,8 @@ class StubState:
     def _relevance(self, data: dict[str, Any], marked: str) -> tuple[dict, str | None]:
         """context_relevance: STUB_RELEVANCE_DROP_ALWAYS always leaves the last passage without
         a verdict, STUB_RELEVANCE_DROP_ONCE the first time those passages are asked."""
+        if self.config.relevance_verdicts is not None:
+            return {"verdicts": self.config.relevance_verdicts}, "hostile_relevance"
         contexts = indexed_texts(data["contexts"], "contexts")
         verdicts = relevance(ground_truth_text(data), contexts)
         drop = MARK_RELEVANCE_DROP_ALWAYS in marked
@@ -1672,7 +1682,10 @@ class StubServer:
                 return line[len(READY_PREFIX) :].strip()
 
     def configure(self, **config: Any) -> None:
-        self._client.post("/_stub/config", json=config).raise_for_status()
+        # ASCII JSON: a hostile setting may hold a lone surrogate, which UTF-8 cannot carry
+        body = json.dumps(config).encode()
+        headers = {"content-type": "application/json"}
+        self._client.post("/_stub/config", content=body, headers=headers).raise_for_status()
 
     def calls(self) -> list[dict[str, Any]]:
         return self._get("/_stub/calls")

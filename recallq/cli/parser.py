@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import math
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -48,6 +49,18 @@ def _non_negative_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
     if value < 0:
         raise argparse.ArgumentTypeError("must be 0 or more")
+    return value
+
+
+def _finite_float(text: str) -> float:
+    """A gate's threshold: a number, never NaN (every comparison with it is false, so a gate
+    would pass any run) nor infinite."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
     return value
 
 
@@ -146,7 +159,9 @@ def _add_run_fields(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_gate(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--min-score", type=float, help="exit 1 when the mean score is below this")
+    parser.add_argument(
+        "--min-score", type=_finite_float, help="exit 1 when the mean score is below this"
+    )
     parser.add_argument(
         "--max-failed",
         type=_non_negative_int,
@@ -159,7 +174,7 @@ def _add_gate(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--min-precision",
-        type=float,
+        type=_finite_float,
         help="exit 1 when the mean context precision is below this",
     )
 

@@ -81,7 +81,7 @@ def misses(view: dict[str, Any], gate: Gate) -> list[str]:
                 f"no item was scored, so the mean score cannot reach --min-score "
                 f"{number(gate.min_score)}"
             )
-        elif mean < gate.min_score:
+        elif not mean >= gate.min_score:  # fails closed: no mean reaches a NaN threshold
             reasons.append(
                 f"mean score {number(mean)} is below --min-score {number(gate.min_score)}"
             )
@@ -93,7 +93,7 @@ def misses(view: dict[str, Any], gate: Gate) -> list[str]:
                 f"and a ground truth), so it cannot reach --min-precision "
                 f"{number(gate.min_precision)}"
             )
-        elif precision < gate.min_precision:
+        elif not precision >= gate.min_precision:  # fails closed, as the mean score
             reasons.append(
                 f"mean context precision {number(precision)} is below --min-precision "
                 f"{number(gate.min_precision)}"

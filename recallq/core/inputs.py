@@ -48,6 +48,13 @@ def text_problem(text: str) -> str | None:
     return "a NUL character" if found.group() == "\x00" else "a lone UTF-16 surrogate"
 
 
+def safe_text(text: str) -> str:
+    """`text` with each NUL and lone surrogate replaced by U+FFFD (for text recallq did not
+    choose to refuse, such as a judge's answer: stored, it must still be storable and
+    readable)."""
+    return _UNSAFE_CHARACTERS.sub("\ufffd", text)
+
+
 def check_text(text: str, what: str) -> str:
     problem = text_problem(text)
     if problem is not None:

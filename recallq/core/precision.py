@@ -200,15 +200,18 @@ def _ids(value: Any, name: str) -> list[str] | None:
 def id_scores(retrieved: Any, reference: Any, scale: float) -> tuple[float | None, float | None]:
     """`id_precision` (average precision over the retrieved order, relevance = a reference id)
     and `id_recall` (share of reference ids retrieved), × scale. None for each without ids
-    to compute it from: never NaN. ValueError for ids that are not a list of ids."""
+    to compute it from (both without a reference id, precision without a retrieved one):
+    never NaN. ValueError for ids that are not a list of ids."""
     got, want = _ids(retrieved, RETRIEVED_IDS), _ids(reference, REFERENCE_IDS)
     if got is None or want is None:
         return None, None
     wanted = set(want)
-    # no retrieved id is like no context (null, not 0); no reference id leaves recall null
-    precision = average_precision([i in wanted for i in got], scale) if got else None
     if not wanted:
-        return precision, None
+        # nothing is relevant without a reference id: like no ground truth, null (never a 0
+        # that would count the retriever wrong for an item it could not get right)
+        return None, None
+    # no retrieved id is like no context: precision null, recall 0 (every reference missed)
+    precision = average_precision([i in wanted for i in got], scale) if got else None
     found = wanted & set(got)
     recall = float(scale) if found == wanted else round(len(found) / len(wanted) * scale, 4)
     return precision, recall

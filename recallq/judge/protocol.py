@@ -8,6 +8,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from recallq.core.inputs import safe_text
 from recallq.core.outcomes import Stage
 from recallq.judge.lexical import STOPWORDS
 
@@ -270,8 +271,9 @@ def parse_answer(
     redact: Redact | None = None,
 ) -> dict[str, Any]:
     """The model's JSON answer, checked for the schema's top-level shape and the answer limits
-    (AnswerTooLarge), with every string in it passed through `redact`: an answer is untrusted
-    text, and a judge may echo the request's key into a claim or a reason."""
+    (AnswerTooLarge), with every string in it made storable (a NUL or a lone surrogate is
+    U+FFFD) and passed through `redact`: an answer is untrusted text, and a judge may echo the
+    request's key into a claim or a reason."""
     if content is not None:
         size = len(content.encode("utf-8", "surrogatepass"))
         if size > limits.answer_bytes:
@@ -287,7 +289,7 @@ def parse_answer(
     fenced = _FENCE.search(text)
     if fenced and not text.startswith("{"):
         text = fenced.group(1).strip()
-    clip = _clip(content if redact is None else redact(content))
+    clip = _clip(safe_text(content if redact is None else redact(content)))
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -295,8 +297,8 @@ def parse_answer(
     key = {EXTRACTION: "claims", EXTRACTION_PACKED: "items"}.get(schema_name, "verdicts")
     if not isinstance(data, dict) or not isinstance(data.get(key), list):
         raise ProtocolError(f'expected an object with a "{key}" list, got: {clip}')
-    if redact is not None:
-        data = {key: _redacted(value, redact) for key, value in data.items()}
+    # every string made storable (no NUL, no lone surrogate) and, with `redact`, redacted
+    data = {key: _redacted(value, _storable(redact)) for key, value in data.items()}
     if schema_name == EXTRACTION:
         data["claims"] = _claims(data["claims"])
         check_claims(data["claims"], limits)
@@ -328,6 +330,15 @@ def _check_reasons(verdicts: list[Any], limits: AnswerLimits) -> None:
             f"the judge answered a reason of {longest:,} characters, over the limit of "
             f"{limits.reason_chars:,} (RECALLQ_JUDGE_MAX_REASON_CHARS)"
         )
+
+
+def _storable(redact: Redact | None) -> Redact:
+    """What every string of an answer goes through: NULs and lone surrogates replaced (Postgres
+    text holds no NUL, UTF-8 no lone surrogate: such a reason made the item unreadable), then
+    `redact`."""
+    if redact is None:
+        return safe_text
+    return lambda text: redact(safe_text(text))
 
 
 def _redacted(value: Any, redact: Redact) -> Any:

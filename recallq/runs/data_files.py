@@ -19,6 +19,7 @@ from os import PathLike
 from pathlib import Path
 from typing import IO, Any
 
+from recallq.core import precision
 from recallq.core.inputs import at_column, json_problem
 
 CANONICAL_FIELDS = ("id", "input", "output", "ground_truth", "context")
@@ -332,6 +333,14 @@ def _context_columns(mapping: Mapping[str, str]) -> set[str]:
     return {"context", *FIELD_ALIASES["context"], *mapped} - mapped_away
 
 
+def _id_columns(mapping: Mapping[str, str]) -> set[str]:
+    """Columns that hold an item's retrieved or reference passage ids (a list each)."""
+    names = {precision.RETRIEVED_IDS, precision.REFERENCE_IDS}
+    targets = names | {f"metadata.{name}" for name in names}
+    mapped = {source for source, target in mapping.items() if target in targets}
+    return (names - set(mapping)) | mapped
+
+
 def _names_a_field(header: list[str], mapping: Mapping[str, str]) -> bool:
     """Whether a CSV header names at least one item field (or a column mapped to one)."""
     known = {*CANONICAL_FIELDS, *ALIAS_TO_FIELD, *mapping}
@@ -351,9 +360,11 @@ def _csv_header_is_known(path: Path, name: str, mapping: Mapping[str, str]) -> b
 
 def _csv_list_cell(cell: str, column: str, where: str) -> list[Any] | str:
     """A list cell: a JSON list, or the Python list repr pandas writes for list columns
-    (RAGAS's ``to_csv``); any cell not starting with ``[`` is one passage."""
+    (RAGAS's ``to_csv``); any cell not starting with ``[`` is one passage (an ids cell that
+    is not a list is refused when its item is checked)."""
     if not cell.lstrip().startswith("["):
         return cell
+    what = "ids" if column in _id_columns({}) else "passages"
     try:
         value = json.loads(cell)
     except json.JSONDecodeError as exc:
@@ -362,10 +373,10 @@ def _csv_list_cell(cell: str, column: str, where: str) -> list[Any] | str:
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             raise DatasetError(
                 f"{where}: column {column!r} starts with '[' but is not a JSON list "
-                f"({json_problem(exc)}); write passages as a JSON list of strings"
+                f"({json_problem(exc)}); write {what} as a JSON list of strings"
             ) from None
     if not isinstance(value, list):
-        raise DatasetError(f"{where}: column {column!r} must be a JSON list of passages")
+        raise DatasetError(f"{where}: column {column!r} must be a JSON list of {what}")
     return value
 
 
@@ -386,8 +397,9 @@ def _csv_records(
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     csv.field_size_limit(max(csv.field_size_limit(), _CSV_FIELD_LIMIT))
     context_columns = _context_columns(mapping)
-    # Cells of these columns hold lists: passages, and older RAGAS's ground_truths.
-    list_columns = context_columns | LIST_JOINED_ALIASES
+    # Cells of these columns hold lists: passages, older RAGAS's ground_truths, and the ids of
+    # the retrieved and the reference passages (id_precision, id_recall).
+    list_columns = context_columns | LIST_JOINED_ALIASES | _id_columns(mapping)
     with path.open("rb") as file:
         reader = csv.reader(line for _, line in _utf8_lines(file, name))
         try:

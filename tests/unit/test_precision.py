@@ -147,7 +147,7 @@ def test_id_scores() -> None:
     # without ids to compute from: null, never NaN
     assert precision.id_scores(None, ["a"], 1.0) == (None, None)
     assert precision.id_scores([], ["a"], 1.0) == (None, 0.0)
-    assert precision.id_scores(["a"], [], 1.0) == (0.0, None)
+    assert precision.id_scores(["a"], [], 1.0) == (None, None)
     assert precision.id_scores([], [], 1.0) == (None, None)
     for value in precision.id_scores(["a", "a", "b"], ["a"], 1.0):
         assert value is not None and not math.isnan(value)

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any
@@ -172,16 +172,19 @@ def group_lines(by: str, groups: dict[str, dict[str, Any]]) -> list[str]:
         )
         if precision:
             mean, ci95 = group.get("mean_context_precision"), group.get("context_precision_ci95")
-            line += f"  {precision_text(mean, ci95)}"
+            line += f"  {precision_text(mean, ci95, _fixed)}"
         lines.append(line.rstrip())
     return lines
 
 
-def precision_text(mean: float | None, ci95: list[float] | None) -> str:
-    """A mean context precision with its 95% interval: `0.83 [0.71, 0.95]`."""
+def precision_text(
+    mean: float | None, ci95: list[float] | None, shown: Callable[[float], str] = number
+) -> str:
+    """A mean context precision with its 95% interval: `0.83 [0.71, 0.95]` (`shown` writes
+    each number: a table's column has 4 decimals)."""
     if mean is None:
         return "-"
-    return f"{number(mean)} [{number(ci95[0])}, {number(ci95[1])}]" if ci95 else number(mean)
+    return f"{shown(mean)} [{shown(ci95[0])}, {shown(ci95[1])}]" if ci95 else shown(mean)
 
 
 def precision_rows(view: dict[str, Any]) -> list[tuple[str, str]]:

@@ -67,9 +67,11 @@ def test_a_local_run_says_where_it_goes_and_its_by_table_reads_alike(
     done, _ = scored
     assert "this run is local" in done.stderr and "recallq runs --local" in done.stderr
     table = done.stdout.split("\nby category\n", 1)[1].split("\n\n", 1)[0].splitlines()
-    assert table[0].split() == ["category", "items", "scored", "failed", "mean_score"]
-    means = [row.split()[-1] for row in table[1:]]
-    assert means and all(re.fullmatch(r"\d\.\d{4}", mean) for mean in means), table
+    head = ["category", "items", "scored", "failed", "mean_score", "context_precision"]
+    assert table[0].split() == head
+    # every figure of the table in one format: the mean, and the precision with its interval
+    figures = [figure.strip("[],") for row in table[1:] for figure in row.split()[4:]]
+    assert figures and all(re.fullmatch(r"\d\.\d{4}", figure) for figure in figures), table
 
 
 def test_by_a_field_no_item_has_is_an_error_before_anything_is_scored(folder: Path) -> None:

@@ -162,9 +162,11 @@ def test_results_with_and_without_item_data_and_per_claim(api: str, score) -> No
     # and a column per metadata field (issue 28.7), as the local export and to_pandas() have
     assert [row["metadata.tag"] for row in item_rows] == ["1", ""]
     view = httpx.get(f"{api}/v1/runs/{run_id}", params={"by": "tag"}).json()
+    # each item's one passage supports a claim it scored: precision 1 in both slices
+    precision = {"mean_context_precision": 1.0, "context_precision_ci95": [1.0, 1.0]}
     assert view["by_group"] == {
-        "(missing)": {"items": 1, "scored_items": 1, "failed": 0, "mean_score": 1.0},
-        "1": {"items": 1, "scored_items": 1, "failed": 0, "mean_score": 0.5},
+        "(missing)": {"items": 1, "scored_items": 1, "failed": 0, "mean_score": 1.0, **precision},
+        "1": {"items": 1, "scored_items": 1, "failed": 0, "mean_score": 0.5, **precision},
     }
     assert view["summary"]["histogram"]["counts"] == [0, 0, 1, 0, 1]
     assert view["failures"] == [] and view["summary"]["no_ground_truth"] == 0

@@ -58,7 +58,11 @@ def make_engine(url: str, pre_ping: bool = True, idle_transaction_timeout: float
     that vanished or was cut off mid-transaction. Without it, Postgres keeps that session,
     and the rows it locked, until the system's TCP keepalive finds the host dead (two
     hours), and the reaper, which skips locked rows, cannot requeue them (tests/multihost).
-    Not for the API: a submission's transaction waits for a slow client's upload."""
+    Not for the API: a submission's transaction waits for a slow client's upload.
+
+    The same bound covers a session stopped mid-statement, which that timeout does not see:
+    Postgres waiting for the rest of a message the host never finished sending (keepalive
+    probes, unanswered, end it) or for the host to take a result (`tcp_user_timeout`)."""
     # hide_parameters: an error's text (logged) never carries the values a client sent
     if not is_sqlite(url):
         timeout_ms = round(idle_transaction_timeout * 1000)
@@ -66,7 +70,16 @@ def make_engine(url: str, pre_ping: bool = True, idle_transaction_timeout: float
         if "connect_timeout=" not in url:  # the URL's own wins
             connect_args["connect_timeout"] = CONNECT_TIMEOUT
         if timeout_ms:
-            connect_args["options"] = f"-c idle_in_transaction_session_timeout={timeout_ms}"
+            probe_s = max(1, round(idle_transaction_timeout / 6))
+            connect_args["options"] = " ".join(
+                (
+                    f"-c idle_in_transaction_session_timeout={timeout_ms}",
+                    f"-c tcp_keepalives_idle={probe_s}",
+                    f"-c tcp_keepalives_interval={probe_s}",
+                    "-c tcp_keepalives_count=3",
+                    f"-c tcp_user_timeout={timeout_ms}",
+                )
+            )
         return create_engine(
             url,
             pool_pre_ping=pre_ping,

@@ -95,8 +95,8 @@ class RecordingQueue:
     def send_items(self, item_ids: Sequence[int]) -> None:
         self.items += item_ids
 
-    def send_attribution(self, taken: Taken) -> None:
-        self.attributions.append(taken)
+    def send_attributions(self, passes: Sequence[Taken]) -> None:
+        self.attributions += passes
 
     def send_dispatch(self, run_id: str) -> None:
         self.dispatched.append(run_id)

@@ -1,7 +1,10 @@
 """Celery tasks: thin wrappers around the engine's stages.
 
-    extract_group(item_ids=[...])  ──► for each item whose claims were found:
-                                       attribute(message=, item_id=)
+    extract_group(item_ids=[...])  ──► the items whose claims were found, together:
+                                       attribute_group(messages=[...], item_ids=[...])
+
+A group's items are attributed one after the other in its task: each of the worker's threads
+keeps one judge call in flight either way, with one message per group instead of per item.
 
 What follows each stage is the engine's routing (Engine.go_on), as in the local runner; a
 deferred item is the reaper's to send again when it is due.
@@ -78,13 +81,32 @@ def dispatch(run_id: str) -> int:
 @requeue_on_outage
 def extract_group(item_ids: list[int]) -> None:
     engine = runtime().engine
-    for item_id, outcome in zip(item_ids, engine.extract_group(item_ids), strict=True):
-        engine.go_on(item_id, outcome)  # a deferred item: the reaper sends it when due
+    # a deferred item: the reaper sends it when due
+    engine.go_on_group(list(zip(item_ids, engine.extract_group(item_ids), strict=True)))
+
+
+@app.task(name=broker.ATTRIBUTE_GROUP)
+@requeue_on_outage
+def attribute_group(messages: list[dict[str, Any]], item_ids: list[int]) -> None:
+    engine = runtime().engine
+    broken: Exception | None = None
+    for message in messages:
+        taken = Taken.from_message(message)
+        try:
+            engine.go_on(taken.item_id, engine.attribute(taken))
+        except OUTAGES:
+            raise  # the whole message goes back; items it finished are skipped next time
+        except Exception as exc:  # one item's bug does not keep the others from their turn
+            log.exception("%s: attribution failed", taken.label)
+            broken = broken or exc
+    if broken is not None:
+        raise broken
 
 
 @app.task(name=broker.ATTRIBUTE)
 @requeue_on_outage
 def attribute(message: dict[str, Any] | None, item_id: int) -> None:
+    """One item's attribution: messages queued by a worker of an earlier version."""
     if message is not None:
         engine = runtime().engine
         engine.go_on(item_id, engine.attribute(Taken.from_message(message)))

@@ -4,8 +4,11 @@ The API and the workers both send (a new run's dispatch; an item's stages), so t
 the library; the tasks that receive these messages are the worker's (worker.tasks).
 
     dispatch(run_id=)                     top up the run's window of queued items
-    extract_group(item_ids=[...])         one per group of released items; it sends, for each
-        └──► attribute(message=, item_id=)    item whose claims it found, its attribution
+    extract_group(item_ids=[...])         one per group of released items; it sends the items
+        └──► attribute_group(messages=[...], item_ids=[...])   whose claims it found, together
+
+A message costs a worker more CPU than a judge call's HTTP round trip (kombu's Redis transport
+records every delivery and acknowledgement for acks_late): a group's items travel together.
 
 Arguments go by name: a worker reads the items a message holds from `item_ids` or `item_id`
 (worker.tasks), never from a position.
@@ -27,6 +30,8 @@ if TYPE_CHECKING:  # the app is made by whoever sends (the API, a worker): local
 QUEUE = "recallq"
 DISPATCH = "recallq.dispatch"
 EXTRACT_GROUP = "recallq.extract_group"
+ATTRIBUTE_GROUP = "recallq.attribute_group"
+#: one item's attribution, as sent before attribute_group: still received, never sent
 ATTRIBUTE = "recallq.attribute"
 
 
@@ -128,10 +133,10 @@ class CeleryQueue:
             group = list(item_ids[start : start + self.group_size])
             self.app.send_task(EXTRACT_GROUP, kwargs={"item_ids": group})
 
-    def send_attribution(self, taken: Taken) -> None:
-        self.app.send_task(
-            ATTRIBUTE, kwargs={"message": taken.to_message(), "item_id": taken.item_id}
-        )
+    def send_attributions(self, passes: Sequence[Taken]) -> None:
+        messages = [taken.to_message() for taken in passes]
+        item_ids = [taken.item_id for taken in passes]
+        self.app.send_task(ATTRIBUTE_GROUP, kwargs={"messages": messages, "item_ids": item_ids})
 
     def send_dispatch(self, run_id: str) -> None:
         self.app.send_task(DISPATCH, kwargs={"run_id": run_id})

@@ -50,12 +50,13 @@ class WorkQueue(Protocol):
     """Where the engine sends work: the broker (Celery) or an in-process runner."""
 
     def send_items(self, item_ids: Sequence[int]) -> None:
-        """Score these queued items: extraction in groups (`extract_group`), then each item's
-        attribution (`send_attribution`) and settle."""
+        """Score these queued items: extraction in groups (`extract_group`), then their
+        attribution (`send_attributions`) and settle."""
         ...
 
-    def send_attribution(self, taken: Taken) -> None:
-        """Attribute (and settle) one item whose claims are known."""
+    def send_attributions(self, passes: Sequence[Taken]) -> None:
+        """Attribute (and settle) items whose claims are known: those of one extraction group
+        are sent together."""
         ...
 
     def send_dispatch(self, run_id: str) -> None:
@@ -242,13 +243,24 @@ class Engine:
         a pass that goes on is sent to attribution; a deferred item is sent again at its time
         by `later` (without one, the reaper sends it when it is due); an item that ended is
         settled; a skipped message needs nothing."""
-        if isinstance(outcome, Continue):
-            self.queue.send_attribution(outcome.taken)
-        elif isinstance(outcome, Deferred):
-            if later is not None:
-                later(item_id, outcome.until)
-        else:
-            self.settle(outcome)
+        self.go_on_group([(item_id, outcome)], later)
+
+    def go_on_group(
+        self,
+        outcomes: Sequence[tuple[int, StageOutcome]],
+        later: Callable[[int, datetime], None] | None = None,
+    ) -> None:
+        """`go_on` for the items of one stage's group, in order; those that go on are sent to
+        attribution together."""
+        passes = [outcome.taken for _, outcome in outcomes if isinstance(outcome, Continue)]
+        if passes:
+            self.queue.send_attributions(passes)
+        for item_id, outcome in outcomes:
+            if isinstance(outcome, Deferred):
+                if later is not None:
+                    later(item_id, outcome.until)
+            elif not isinstance(outcome, Continue):
+                self.settle(outcome)
 
     def settle(self, outcome: StageOutcome) -> None:
         """After an item ended (its write committed): send the items released in its place,

@@ -1,6 +1,7 @@
 """Local mode's work queue: a thread pool in this process drives the engine, as a worker's
 tasks do. Items sent to it are extracted in groups (one pool task per group), then each item is
-attributed and settled in a pool task of its own; what follows each stage is the engine's
+attributed and settled in a pool task of its own (a worker attributes a group's items in one
+task: there a message costs more than a pool task here); what follows each stage is the engine's
 routing (Engine.go_on); a deferred item is sent again, by a timer, at its time."""
 
 from __future__ import annotations
@@ -44,8 +45,11 @@ class LocalRunner:
             group = list(item_ids[start : start + self._group_size])
             self._submit(self._extract_group, group, len(group))
 
-    def send_attribution(self, taken: Taken) -> None:
-        self._submit(self._attribute, taken, 1)
+    def send_attributions(self, passes: Sequence[Taken]) -> None:
+        # one pool task each: in this process a pass costs no message, and the pool's threads
+        # are the calls in flight
+        for taken in passes:
+            self._submit(self._attribute, taken, 1)
 
     def send_dispatch(self, run_id: str) -> None:
         self._submit(self._dispatch, run_id, 0)
@@ -100,8 +104,8 @@ class LocalRunner:
 
     def _extract_group(self, item_ids: list[int]) -> None:
         engine = self._started()
-        for item_id, outcome in zip(item_ids, engine.extract_group(item_ids), strict=True):
-            engine.go_on(item_id, outcome, self._later)
+        outcomes = list(zip(item_ids, engine.extract_group(item_ids), strict=True))
+        engine.go_on_group(outcomes, self._later)
 
     def _attribute(self, taken: Taken) -> None:
         engine = self._started()

@@ -76,7 +76,7 @@ class SentNowhere:
     def send_items(self, item_ids: Sequence[int]) -> None:
         self.sent += item_ids
 
-    def send_attribution(self, taken: Taken) -> None:
+    def send_attributions(self, passes: Sequence[Taken]) -> None:
         pass
 
     def send_dispatch(self, run_id: str) -> None:

@@ -89,11 +89,11 @@ def extract_group(item_ids: list[int]) -> None:
 @requeue_on_outage
 def attribute_group(messages: list[dict[str, Any]], item_ids: list[int]) -> None:
     engine = runtime().engine
+    passes = [Taken.from_message(message) for message in messages]
     broken: Exception | None = None
-    for message in messages:
-        taken = Taken.from_message(message)
+    for taken, handed in zip(passes, engine.hand_over_group(passes), strict=True):
         try:
-            engine.go_on(taken.item_id, engine.attribute(taken))
+            engine.go_on(taken.item_id, engine.attribute_handed(handed))
         except OUTAGES:
             raise  # the whole message goes back; items it finished are skipped next time
         except Exception as exc:  # one item's bug does not keep the others from their turn

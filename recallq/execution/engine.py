@@ -40,7 +40,7 @@ from recallq.judge.base import Judge, JudgeReply, Repair
 from recallq.judge.by_model import JudgeRegistry
 from recallq.pipeline import Failed, Relevant, Scored, Verdicts, split_usage
 from recallq.state.claim_cache import ClaimCache
-from recallq.state.items import ItemStore
+from recallq.state.items import HandedOver, ItemStore
 from recallq.state.runs import RunStore
 
 log = logging.getLogger(__name__)
@@ -147,7 +147,15 @@ class Engine:
         """Verdicts, score and reason. The stage first takes the item over under this
         process's owner token (often not the one that extracted), so the reaper follows this
         worker's heartbeat, and a duplicate of this message finds the item no longer its own."""
-        handed = self.items.hand_over(taken, self.owners.new_token())
+        return self.attribute_handed(self.items.hand_over(taken, self.owners.new_token()))
+
+    def hand_over_group(self, passes: Sequence[Taken]) -> list[HandedOver | Skipped]:
+        """Take over the items of one attribution message at once (as `attribute` does for
+        one), to attribute them one after the other with `attribute_handed`."""
+        return self.items.hand_over_group(passes, self.owners.new_token())
+
+    def attribute_handed(self, handed: HandedOver | Skipped) -> StageOutcome:
+        """`attribute` of an item this process has taken over."""
         if isinstance(handed, Skipped):
             return handed
         taken, contexts = handed

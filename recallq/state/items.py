@@ -15,6 +15,7 @@ from sqlalchemy import (
     bindparam,
     exists,
     select,
+    tuple_,
     update,
 )
 from sqlalchemy.exc import SQLAlchemyError
@@ -104,6 +105,9 @@ RELEASE_NEXT = (
 )
 
 log = logging.getLogger(__name__)
+
+#: a pass handed over to the stage that runs it, and the item's resolved contexts
+HandedOver = tuple[Taken, list[str]]
 
 
 def _refused(item_id: int, move: str, owner: str) -> None:
@@ -264,7 +268,7 @@ class ItemStore:
                 stored = self._stored_claims(conn, taken.item_id)
         return Taken(**{**taken.to_message(), "claims": stored, "waiting_since": None})
 
-    def hand_over(self, taken: Taken, new_owner: str) -> tuple[Taken, list[str]] | Skipped:
+    def hand_over(self, taken: Taken, new_owner: str) -> HandedOver | Skipped:
         """running → running under the owner token of the worker running the next stage, so
         the reaper follows that worker's heartbeat and a duplicate of its message finds the
         item no longer its own. Returns the pass and the item's resolved contexts."""
@@ -276,10 +280,32 @@ class ItemStore:
         }
         with self._db.single_statement() as conn:
             row = conn.execute(HAND_OVER, params).one_or_none()
-        if row is None:
+        return self._handed(taken, new_owner, None if row is None else row.contexts, row is None)
+
+    def hand_over_group(
+        self, passes: Sequence[Taken], new_owner: str
+    ) -> list[HandedOver | Skipped]:
+        """`hand_over` for the passes of one message, in one statement; in their order."""
+        owned = [(taken.item_id, taken.owner) for taken in passes]
+        statement = (
+            update(items)
+            .where(tuple_(items.c.id, items.c.owner).in_(owned))
+            .where(items.c.status == ItemStatus.RUNNING)
+            .values(owner=new_owner, lease_until=self._lease())
+            .returning(items.c.id, items.c.contexts)
+        )
+        with self._db.single_statement() as conn:
+            found = {row.id: row.contexts for row in conn.execute(statement)}
+        return [
+            self._handed(t, new_owner, found.get(t.item_id), t.item_id not in found) for t in passes
+        ]
+
+    def _handed(
+        self, taken: Taken, new_owner: str, contexts: list[str] | None, refused: bool
+    ) -> HandedOver | Skipped:
+        if refused:
             _refused(taken.item_id, "hand_over", taken.owner)
             return Skipped(SkipReason.NOT_OWNED)
-        contexts = row.contexts
         if contexts is None:  # the run's static context, stored once on the run
             contexts = self.run_context(taken.run_id)
         return Taken(**{**taken.to_message(), "owner": new_owner}), list(contexts)

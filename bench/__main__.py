@@ -84,7 +84,11 @@ def cpu_split(args: argparse.Namespace) -> dict[str, float]:
 def rate_limited(args: argparse.Namespace) -> dict[str, Any]:
     with harness.environment(50, rpm=args.rpm) as env:
         env["stub"].configure(rpm_limit=args.rpm)
-        procs = [harness.start_worker(env["env"], 16) for _ in range(2)]
+        # one `recallq worker` command with its defaults: a process per CPU, each with the
+        # default threads, under one limit
+        worker = harness.Process(["worker"], env["env"], "worker")
+        worker.wait_for_output(" ready.", timeout=180)
+        procs = [worker]
         api, url = harness.start_api(env["env"])
         n = int(args.rpm / 60 / 2 * args.rate_window)  # items for about rate_window seconds
         run_id, _ = harness.submit_file(url, harness.ndjson_file(n, "rl", env["dir"]))
@@ -109,7 +113,11 @@ def under_a_provider_limit(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     with harness.environment(args.big_latency_ms, rpm=args.ragas_rpm) as env:
         env["stub"].configure(rpm_limit=args.ragas_rpm)
-        procs = [harness.start_worker(env["env"], 16) for _ in range(2)]
+        # one `recallq worker` command with its defaults: a process per CPU, each with the
+        # default threads, under one limit
+        worker = harness.Process(["worker"], env["env"], "worker")
+        worker.wait_for_output(" ready.", timeout=180)
+        procs = [worker]
         api, url = harness.start_api(env["env"])
         path = harness.ndjson_file(args.ragas_items, "rl", env["dir"])
         for label in ("first run", "re-run"):
@@ -382,7 +390,8 @@ def cpu_table(args: argparse.Namespace) -> None:
 def limit_table(args: argparse.Namespace) -> None:
     limited = rate_limited(args)
     print_table(
-        f"Provider limit {args.rpm} requests/min enforced by the stub, 2 workers",
+        f"Provider limit {args.rpm} requests/min enforced by the stub, one `recallq worker` "
+        "with its defaults",
         [
             ("sustained calls/min", "of the limit", "accepted", "refused (429)"),
             (

@@ -50,7 +50,10 @@ class Settings(ClientSettings):
 
     # worker
     worker_concurrency: int = 32
-    dispatch_window: int = 256  # items of one run in the broker at once: >= 2x worker threads
+    # items of one run in the broker at once: a worker thread attributes up to 4 in a row
+    # (one attribution message), so 4x the threads of its workers keeps them all busy, and
+    # 8x leaves the next items waiting in the queue
+    dispatch_window: int = 512
     max_attempts: int = 5  # judge calls per stage, transient failures included
     extraction_pack: int = 8  # ground truths per extraction call (a model may set fewer)
     extraction_pack_tokens: int = 4000  # and about this many tokens of them at most

@@ -8,7 +8,9 @@ the library; the tasks that receive these messages are the worker's (worker.task
         └──► attribute_group(messages=[...], item_ids=[...])   whose claims it found, together
 
 A message costs a worker more CPU than a judge call's HTTP round trip (kombu's Redis transport
-records every delivery and acknowledgement for acks_late): a group's items travel together.
+records every delivery and acknowledgement for acks_late): a group's items travel together, in
+attribution messages of ATTRIBUTION_MESSAGE_ITEMS (a task attributes its items one after the
+other: fewer per message keeps more of a run's dispatch window in flight at once).
 
 Arguments go by name: a worker reads the items a message holds from `item_ids` or `item_id`
 (worker.tasks), never from a position.
@@ -33,6 +35,9 @@ EXTRACT_GROUP = "recallq.extract_group"
 ATTRIBUTE_GROUP = "recallq.attribute_group"
 #: one item's attribution, as sent before attribute_group: still received, never sent
 ATTRIBUTE = "recallq.attribute"
+#: items per attribute_group message: a dispatch window of W items keeps up to W / this many
+#: judge calls of a run in flight
+ATTRIBUTION_MESSAGE_ITEMS = 4
 
 
 def configure(app: Celery, broker_url: str) -> Celery:
@@ -134,9 +139,12 @@ class CeleryQueue:
             self.app.send_task(EXTRACT_GROUP, kwargs={"item_ids": group})
 
     def send_attributions(self, passes: Sequence[Taken]) -> None:
-        messages = [taken.to_message() for taken in passes]
-        item_ids = [taken.item_id for taken in passes]
-        self.app.send_task(ATTRIBUTE_GROUP, kwargs={"messages": messages, "item_ids": item_ids})
+        for start in range(0, len(passes), ATTRIBUTION_MESSAGE_ITEMS):
+            group = passes[start : start + ATTRIBUTION_MESSAGE_ITEMS]
+            messages = [taken.to_message() for taken in group]
+            item_ids = [taken.item_id for taken in group]
+            kwargs = {"messages": messages, "item_ids": item_ids}
+            self.app.send_task(ATTRIBUTE_GROUP, kwargs=kwargs)
 
     def send_dispatch(self, run_id: str) -> None:
         self.app.send_task(DISPATCH, kwargs={"run_id": run_id})

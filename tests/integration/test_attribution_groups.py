@@ -12,15 +12,19 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from celery import Celery
+from redis import Redis
 from sqlalchemy import select
 
 from recallq.core.outcomes import Continue, Ended, Skipped, SkipReason, Taken
+from recallq.execution import celery_queue as broker
 from recallq.execution.runtime import Runtime
 from recallq.runs import ingest
 from recallq.settings import Settings
 from recallq.state.migrate import upgrade
 from recallq.state.tables import Item
 from tests.fakes import RecordingQueue, ScriptedJudge
+from tests.services import redis_database
 
 MODEL = "groups-probe"
 
@@ -108,3 +112,23 @@ def test_a_group_is_handed_over_at_once_and_a_stale_pass_alone_is_refused(
         assert isinstance(engine.attribute_handed(found), Ended)
     # a second copy of the message finds every item moved on
     assert all(isinstance(h, Skipped) for h in engine.hand_over_group(passes))
+
+
+def test_a_worker_sends_a_groups_attribution_in_messages_of_four_items(runtime: Runtime) -> None:
+    """Through a real broker: 10 passes are 3 attribute_group messages (4, 4, 2), each naming
+    its items, which the reaper reads from the queue as it reads any message's."""
+    ids = _released(runtime, 10)
+    passes = [o.taken for o in runtime.engine.extract_group(ids) if isinstance(o, Continue)]
+    url = redis_database(7)
+    app = broker.configure(Celery("attribution-groups-test"), url)
+    try:
+        broker.CeleryQueue(app, 8).send_attributions(passes)
+    finally:
+        app.close()
+
+    redis = Redis.from_url(url)
+    raw = redis.lrange(broker.QUEUE, 0, -1)
+    sizes = sorted(len(broker._message_items(message)) for message in raw)
+    assert sizes == [2, 4, 4]
+    assert broker.queued_items(redis) == set(ids)
+    redis.close()

@@ -9,7 +9,8 @@
   have the shape their projects document (CRDs: no schema of theirs ships here);
 - the KEDA trigger's query, read from the rendered manifest, run on a real migrated Postgres
   (a throwaway database) with runs made and cancelled through the library: 0 with no run, a
-  pod per 32 items waiting, 0 again after a cancel; the same as the recallq_items_waiting gauge
+  pod per 128 items waiting (32 threads, 4 items to an attribution message), 0 again after
+  a cancel; the same as the recallq_items_waiting gauge
   once a run is dispatched; answered through the index on a large items table, by a role
   that may only read `runs` and `items`.
 """
@@ -34,6 +35,7 @@ from sqlalchemy.engine import make_url
 
 from recallq.cli import build_parser
 from recallq.execution import work
+from recallq.execution.celery_queue import ATTRIBUTION_MESSAGE_ITEMS
 from recallq.execution.runtime import Runtime
 from recallq.observability.gauges import WorkCollector
 from recallq.runs.service import RunService
@@ -126,12 +128,14 @@ def _settings(docs: list[dict[str, Any]]) -> Settings:
     return Settings.model_validate(fields)
 
 
-def _calls_per_pod(docs: list[dict[str, Any]]) -> int:
-    """Judge calls one worker pod keeps in flight: --processes x --concurrency of its command
-    (read off the command line: whether recallq's parser takes it is the next test's)."""
+def _items_per_pod(docs: list[dict[str, Any]]) -> int:
+    """Items one worker pod keeps busy: --processes x --concurrency threads of its command
+    (read off the command line: whether recallq's parser takes it is the next test's), each
+    attributing the items of one attribution message in a row."""
     (worker,) = _pod_specs(docs)["recallq-worker"]["containers"]
     argv = [*worker["command"], *worker.get("args", [])]
-    return int(argv[argv.index("--processes") + 1]) * int(argv[argv.index("--concurrency") + 1])
+    threads = int(argv[argv.index("--processes") + 1]) * int(argv[argv.index("--concurrency") + 1])
+    return threads * ATTRIBUTION_MESSAGE_ITEMS
 
 
 # --- the built-in resources ------------------------------------------------------------------
@@ -468,7 +472,7 @@ def service(database: str, base: list[dict[str, Any]], tmp_path: Path) -> Iterat
 def test_the_keda_query_asks_for_workers_while_items_wait_and_none_after(
     base: list[dict[str, Any]], database: str, service: RunService
 ) -> None:
-    query, per_pod = _query(base), _calls_per_pod(base)
+    query, per_pod = _query(base), _items_per_pod(base)
     window = service.settings.dispatch_window
     assert _pods_wanted(database, query) == 0  # no run: no worker
 
@@ -477,7 +481,7 @@ def test_the_keda_query_asks_for_workers_while_items_wait_and_none_after(
     assert _pods_wanted(database, query) == math.ceil(100 / per_pod) >= 1
     service.runtime.engine.dispatch(submitted["id"])  # what a worker does first
     assert _waiting_gauge(service.runtime) == 100
-    assert _pods_wanted(database, query) == math.ceil(100 / per_pod)  # = ceil(gauge / 32)
+    assert _pods_wanted(database, query) == math.ceil(100 / per_pod)  # = ceil(gauge / 128)
 
     # a run bigger than its window asks for what its window can keep busy, no more
     big = service.submit(service.spec({}, "k8s"), _items(window + 500, "b")).view
@@ -537,7 +541,7 @@ def test_the_keda_query_reads_the_index_and_needs_only_runs_and_items(
     assert on_items and all(n["Node Type"] != "Seq Scan" for n in on_items), plan
     indexes = {n["Index Name"] for n in every if "Index Name" in n}
     assert indexes == {"ix_items_run_status_idx"}, plan
-    assert _pods_wanted(database, query) == math.ceil(200 / _calls_per_pod(base))
+    assert _pods_wanted(database, query) == math.ceil(200 / _items_per_pod(base))
 
     # the role docs/deploy.md gives KEDA: it may read runs and items, nothing else
     role, password = f"recallq_keda_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
@@ -557,7 +561,7 @@ def test_the_keda_query_reads_the_index_and_needs_only_runs_and_items(
             as_keda = _libpq(database, username=role, password=password)
             with psycopg.connect(as_keda) as conn:
                 (wanted,) = conn.execute(query).fetchone()  # type: ignore[misc]
-                assert wanted == math.ceil(200 / _calls_per_pod(base))
+                assert wanted == math.ceil(200 / _items_per_pod(base))
                 with pytest.raises(psycopg.errors.InsufficientPrivilege):
                     conn.execute("SELECT count(*) FROM claims")
         finally:

@@ -34,7 +34,9 @@ HEARTBEAT_TTL_S = 4.0  # a silent worker is dead after this: it beats every TTL/
 REAPER_INTERVAL_S = 1.0  # a sweep a second: lost work back within the TTL plus a second
 IDLE_TRANSACTION_S = 15.0  # Postgres ends a gone worker's open transaction after this, freeing
 # its rows for the takeover: within the lease, and the vanishing bound, with room
-DISPATCH_WINDOW = 64  # 2x the threads: a queued item waits seconds, not a lease, even when slow
+# 8x the threads (a thread attributes an attribution message's 4 items in a row, and as many
+# again wait in the queue): a queued item waits seconds, not a lease, even when slow
+DISPATCH_WINDOW = 256
 POSTGRES_DELAY_MS = 200.0  # the slow link, on every frame from a worker to Postgres
 SLOW_ITEMS = 200  # the slow link's run: each item costs seconds of round trips
 SLOW_SHARE = 1 / 3  # of the throughput the round trips allow, the least the slow run reaches:

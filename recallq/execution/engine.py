@@ -252,12 +252,13 @@ class Engine:
 
     def settle(self, outcome: StageOutcome) -> None:
         """After an item ended (its write committed): send the items released in its place,
-        or, when none was, complete the run if this was its last item."""
+        or, when none was, complete the run if this was its last item. An item whose write
+        saw pending items left cannot have been the last: no query for that."""
         if not isinstance(outcome, Ended):
             return
         if outcome.released:
             self.queue.send_items(outcome.released)
-        else:
+        elif not outcome.pending_left:
             self._complete_if_done(outcome.run_id)
 
     def _complete_if_done(self, run_id: str) -> None:

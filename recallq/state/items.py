@@ -32,8 +32,11 @@ from recallq.state.item_writes import (
     add_values,
     charge_refused,
     claims_insert,
+    claims_saved,
     claims_table,
+    ended_statement,
     failed_values,
+    item_update_params,
     items,
     runs,
     spent_values,
@@ -248,21 +251,59 @@ class ItemStore:
         becomes a queue lease. Returns the pass with the claims stored, which are an earlier
         pass's when that one stored its claims first. The item made progress: whatever it
         waited out is over."""
-        with self._charging(taken, (usage, Stage.EXTRACTION)), self._db.transaction() as conn:
-            values = spent_values(usage, Stage.EXTRACTION, int(cache_hit)) | {
-                "lease_until": self.queue_lease(),
-                "waiting_since": None,
-            }
+        values = spent_values(usage, Stage.EXTRACTION, int(cache_hit)) | {
+            "lease_until": self.queue_lease(),
+            "waiting_since": None,
+        }
+        with self._charging(taken, (usage, Stage.EXTRACTION)):
+            if self._db.dialect == "postgresql":
+                stored = self._save_claims_in_one(taken, values, claims, cache_hit, cache_key)
+            else:
+                stored = self._save_claims_in_steps(taken, values, claims, cache_hit, cache_key)
+        if stored is None:
+            return Skipped(SkipReason.NOT_OWNED)
+        return Taken(**{**taken.to_message(), "claims": stored, "waiting_since": None})
+
+    def _save_claims_in_one(
+        self,
+        taken: Taken,
+        values: dict[str, Any],
+        claims: Sequence[str],
+        cache_hit: bool,
+        cache_key: str,
+    ) -> tuple[str, ...] | None:
+        """save_claims in one statement (Postgres): the claims stored, None when refused."""
+        params = item_update_params(taken.item_id, values, taken.owner, ItemStatus.RUNNING)
+        params |= {"b_claims": list(claims), "b_key": cache_key, "b_now": utcnow()}
+        statement = claims_saved(frozenset(values), not cache_hit)
+        with self._db.single_statement() as conn:
+            row = conn.execute(statement, params).one()
+            if not row.owned:
+                self._refuse(taken, values, "save_claims")
+                return None
+            if row.inserted != len(claims):  # an earlier pass stored its claims first
+                return self._stored_claims(conn, taken.item_id)
+        return tuple(claims)
+
+    def _save_claims_in_steps(
+        self,
+        taken: Taken,
+        values: dict[str, Any],
+        claims: Sequence[str],
+        cache_hit: bool,
+        cache_key: str,
+    ) -> tuple[str, ...] | None:
+        """save_claims in one transaction of several statements (SQLite)."""
+        with self._db.transaction() as conn:
             if not self._write_owned(conn, taken, values, "save_claims"):
-                return Skipped(SkipReason.NOT_OWNED)
+                return None
             if not cache_hit:
                 ClaimCache.write(conn, cache_key, claims)
             rows = [{"item_id": taken.item_id, "idx": i, "text": t} for i, t in enumerate(claims)]
             inserted = conn.execute(claims_insert(conn.dialect.name), rows).all()
-            stored = tuple(claims)
             if len(inserted) != len(claims):
-                stored = self._stored_claims(conn, taken.item_id)
-        return Taken(**{**taken.to_message(), "claims": stored, "waiting_since": None})
+                return self._stored_claims(conn, taken.item_id)
+        return tuple(claims)
 
     def hand_over(self, taken: Taken, new_owner: str) -> tuple[Taken, list[str]] | Skipped:
         """running → running under the owner token of the worker running the next stage, so
@@ -317,18 +358,12 @@ class ItemStore:
         context precision; the next pending item of the run is queued in its place. `usage` is
         what `stage` spent last, `relevance` what the context_relevance call spent."""
         values = succeeded_values(outcome, usage, stage, cache_hits, precision, relevance)
-        with (
-            self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)),
-            self._db.transaction() as conn,
-        ):
-            if not self._write_owned(conn, taken, values, "succeed"):
-                return Skipped(SkipReason.NOT_OWNED)
-            if precision is not None:
-                metrics.precision_scored(precision.mode)
-            if verdicts:
-                rows = verdict_rows(taken.item_id, taken.claims or (), verdicts)
-                conn.execute(verdicts_upsert(conn.dialect.name), rows)
-            return Ended(taken.run_id, self._release_next(conn, taken.run_id))
+        rows = verdict_rows(taken.item_id, taken.claims or (), verdicts) if verdicts else []
+        with self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)):
+            ended = self._end(taken, values, rows, "succeed")
+        if ended is not None and precision is not None:
+            metrics.precision_scored(precision.mode)
+        return Skipped(SkipReason.NOT_OWNED) if ended is None else ended
 
     def fail(
         self, taken: Taken, error: str, usage: Usage, stage: Stage, relevance: Usage = NO_USAGE
@@ -336,13 +371,41 @@ class ItemStore:
         """running → failed with its error; the next pending item is queued in its place.
         `relevance`: what a context_relevance call spent, beside `stage`'s `usage`."""
         values = failed_values(error, usage, stage, relevance)
-        with (
-            self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)),
-            self._db.transaction() as conn,
-        ):
-            if not self._write_owned(conn, taken, values, "fail"):
-                return Skipped(SkipReason.NOT_OWNED)
-            return Ended(taken.run_id, self._release_next(conn, taken.run_id))
+        with self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)):
+            ended = self._end(taken, values, [], "fail")
+        return Skipped(SkipReason.NOT_OWNED) if ended is None else ended
+
+    def _end(
+        self, taken: Taken, values: dict[str, Any], verdicts: list[dict[str, Any]], move: str
+    ) -> Ended | None:
+        """An item's end (`move`): its values, its claims' `verdicts` and the release of the
+        next pending items in its place, unless its pass no longer owns it (None)."""
+        if self._db.dialect != "postgresql":  # one transaction of several statements
+            with self._db.transaction() as conn:
+                if not self._write_owned(conn, taken, values, move):
+                    return None
+                if verdicts:
+                    conn.execute(verdicts_upsert(conn.dialect.name), verdicts)
+                return Ended(taken.run_id, self._release_next(conn, taken.run_id))
+        params = item_update_params(taken.item_id, values, taken.owner, ItemStatus.RUNNING)
+        params |= {
+            "b_verdicts": verdicts,
+            "b_run": taken.run_id,
+            "b_window": self.dispatch_window,
+            "b_group": self.release_group,
+            "b_lease": self.queue_lease(),
+        }
+        with self._db.single_statement() as conn:
+            row = conn.execute(ended_statement(frozenset(values)), params).one()
+        if not row.owned:
+            self._refuse(taken, values, move)
+            return None
+        metrics.items_moved(values["status"], 1)
+        released = tuple(sorted(row.released or ()))
+        if released:
+            metrics.items_moved(ItemStatus.QUEUED, len(released))
+        # pending items left: whoever ends after them looks for the run's completion
+        return Ended(taken.run_id, released, pending_left=row.pending > len(released))
 
     def defer(
         self,
@@ -450,6 +513,13 @@ class ItemStore:
             _refused(taken.item_id, move, taken.owner)
             charge_refused(conn, taken.item_id, taken.run_id, values)
         return bool(owned)
+
+    def _refuse(self, taken: Taken, values: dict[str, Any], move: str) -> None:
+        """After a stage's end written in one statement found the item no longer its pass's:
+        the usage the refused write carried still counts (see `_write_owned`)."""
+        _refused(taken.item_id, move, taken.owner)
+        with self._db.transaction() as conn:
+            charge_refused(conn, taken.item_id, taken.run_id, values)
 
     @contextmanager
     def _charging(self, taken: Taken, *spent: tuple[Usage, Stage]) -> Iterator[None]:

@@ -109,7 +109,9 @@ def test_each_stage_end_is_one_statement_without_a_transaction(runtime: Runtime)
     assert queue.items == [first, second]
 
     with counted(runtime.database.engine) as taking:
-        taken = runtime.items.take_group([first, second], runtime.engine.owners.new_token, lambda _: False)
+        taken = runtime.items.take_group(
+            [first, second], runtime.engine.owners.new_token, lambda _: False
+        )
     passes = [t for t in taken if isinstance(t, Taken)]
     assert len(passes) == 2
     with counted(runtime.database.engine) as extracting:

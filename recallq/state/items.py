@@ -11,9 +11,16 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    ARRAY,
+    JSON,
+    BigInteger,
     Connection,
+    String,
+    any_,
     bindparam,
+    column,
     exists,
+    func,
     select,
     update,
 )
@@ -75,6 +82,49 @@ STORED_CLAIMS = (
     select(claims_table.c.text)
     .where(claims_table.c.item_id == bindparam("item_id"))
     .order_by(claims_table.c.idx)
+)
+STORED_CLAIMS_OF = (
+    select(claims_table.c.item_id, claims_table.c.text)
+    .where(claims_table.c.item_id.in_(bindparam("item_ids", expanding=True)))
+    .order_by(claims_table.c.item_id, claims_table.c.idx)
+)
+#: take's write for a group of items (Postgres): each row {id, owner, old_owner, old_status}
+#: is taken under its owner while its status and owner are as read; locks in id order, as
+#: every writer of several items (recallq.state.item_writes.update_items_in_id_order).
+_TAKING = (
+    func.json_to_recordset(bindparam("b_rows", type_=JSON))
+    .table_valued(
+        column("id", BigInteger),
+        column("owner", String),
+        column("old_owner", String),
+        column("old_status", String),
+    )
+    .render_derived(name="taking", with_types=True)
+)
+TAKE_GROUP = (
+    update(items)
+    .where(
+        items.c.id == _TAKING.c.id,
+        items.c.status == _TAKING.c.old_status,
+        items.c.owner.is_not_distinct_from(_TAKING.c.old_owner),
+        items.c.id.in_(
+            select(items.c.id)
+            .where(items.c.id == any_(bindparam("b_ids", type_=ARRAY(BigInteger))))
+            .order_by(items.c.id)
+            .with_for_update()
+            .scalar_subquery()
+        ),
+    )
+    .values(
+        status=ItemStatus.RUNNING,
+        owner=_TAKING.c.owner,
+        lease_until=bindparam("b_lease"),
+        attempts=items.c.attempts + 1,
+        started_at=func.coalesce(
+            items.c.started_at, bindparam("b_now", type_=items.c.started_at.type)
+        ),
+    )
+    .returning(items.c.id)
 )
 HAND_OVER = (
     update(items)
@@ -171,26 +221,80 @@ class ItemStore:
         holder_alive: Callable[[str], bool],
     ) -> list[Taken | Skipped]:
         """`take` for each of these items (a fresh owner token each from `new_owner`), their
-        reads in one query: what each became, in order."""
+        reads in one query and, on Postgres, their writes in another: what each became, in
+        order."""
         with self._db.single_statement() as conn:
             found = conn.execute(TAKE_READ_GROUP, {"item_ids": list(dict.fromkeys(item_ids))})
             rows = {row.id: row for row in found}
-        return [
-            self._take_read(item_id, rows.get(item_id), new_owner(), holder_alive)
-            for item_id in item_ids
-        ]
+        if self._db.dialect != "postgresql":
+            return [
+                self._take_read(item_id, rows.get(item_id), new_owner(), holder_alive)
+                for item_id in item_ids
+            ]
+        became: dict[int, Taken | Skipped] = {}
+        taking: dict[int, str] = {}
+        for item_id in dict.fromkeys(item_ids):
+            row = rows.get(item_id)
+            not_taken = self._not_taken(item_id, row, holder_alive)
+            if not_taken is None:
+                taking[item_id] = new_owner()
+            else:
+                became[item_id] = not_taken
+        became |= self._take_all(taking, rows)
+        # a second copy of an id in the group finds the item no longer as it was read
+        seen: set[int] = set()
+        results: list[Taken | Skipped] = []
+        for item_id in item_ids:
+            again = item_id in seen and item_id in taking
+            results.append(Skipped(SkipReason.NOT_OWNED) if again else became[item_id])
+            seen.add(item_id)
+        return results
 
-    def _take_read(
-        self, item_id: int, row: Any, owner: str, holder_alive: Callable[[str], bool]
-    ) -> Taken | Skipped:
-        """The rest of `take`, once the item's row is read (None: no such item)."""
-        now = utcnow()
+    def _take_all(self, owners: dict[int, str], rows: dict[int, Any]) -> dict[int, Taken | Skipped]:
+        """The write of `take` for several items (Postgres): each under its owner token, in
+        one statement; what each became."""
+        if not owners:
+            return {}
+        taking = [
+            {"id": i, "owner": owner, "old_owner": rows[i].owner, "old_status": rows[i].status}
+            for i, owner in owners.items()
+        ]
+        params = {
+            "b_rows": taking,
+            "b_ids": list(owners),
+            "b_lease": self._lease(),
+            "b_now": utcnow(),
+        }
+        with self._db.single_statement() as conn:
+            moved = set(conn.execute(TAKE_GROUP, params).scalars())
+            with_claims = [i for i in moved if rows[i].has_claims]
+            known: dict[int, list[str]] = {i: [] for i in with_claims}
+            if with_claims:
+                for item_id, text in conn.execute(STORED_CLAIMS_OF, {"item_ids": with_claims}):
+                    known[item_id].append(text)
+        if moved:
+            metrics.items_moved(ItemStatus.RUNNING, len(moved))
+        became: dict[int, Taken | Skipped] = {}
+        for item_id, owner in owners.items():
+            if item_id not in moved:
+                became[item_id] = Skipped(SkipReason.NOT_OWNED)
+                continue
+            claims = tuple(known[item_id]) if item_id in known else None
+            became[item_id] = self._taken(item_id, owner, rows[item_id], claims)
+        return became
+
+    def _not_taken(
+        self, item_id: int, row: Any, holder_alive: Callable[[str], bool]
+    ) -> Skipped | None:
+        """Why `take` leaves an item as it is (None: it takes it). An item whose run was
+        cancelled becomes cancelled here."""
         if row is None or row.status in ITEM_ENDED:
             return Skipped(SkipReason.ENDED)
         if row.status == ItemStatus.PENDING:  # a stale message: dispatch releases it later
             return Skipped(SkipReason.NOT_RELEASED)
         if row.status == ItemStatus.BATCHED:  # a batch-mode run's item makes no online call
             return Skipped(SkipReason.IN_BATCH)
+        now = utcnow()
         if row.run_status == RunStatus.CANCELLED:
             cancelled = {"status": ItemStatus.CANCELLED, "finished_at": now, "lease_until": None}
             with self._db.single_statement() as conn:
@@ -199,6 +303,15 @@ class ItemStore:
         held = row.status == ItemStatus.RUNNING and row.owner and row.lease_until is not None
         if held and as_utc(row.lease_until) > now and holder_alive(row.owner):
             return Skipped(SkipReason.HELD)
+        return None
+
+    def _take_read(
+        self, item_id: int, row: Any, owner: str, holder_alive: Callable[[str], bool]
+    ) -> Taken | Skipped:
+        """The rest of `take`, once the item's row is read (None: no such item)."""
+        not_taken = self._not_taken(item_id, row, holder_alive)
+        if not_taken is not None:
+            return not_taken
         values: dict[str, Any] = {
             "status": ItemStatus.RUNNING,
             "owner": owner,
@@ -206,12 +319,17 @@ class ItemStore:
             "attempts": 1,
         }
         if row.started_at is None:  # first taking; a retaken item keeps when it started
-            values["started_at"] = now
+            values["started_at"] = utcnow()
         unchanged = {"owner": row.owner, "status": row.status, "unowned": row.owner is None}
         with self._db.single_statement() as conn:
             if not update_item(conn, item_id, values, **unchanged):
                 return Skipped(SkipReason.NOT_OWNED)
             known = self._stored_claims(conn, item_id) if row.has_claims else None
+        return self._taken(item_id, owner, row, known)
+
+    @staticmethod
+    def _taken(item_id: int, owner: str, row: Any, known: tuple[str, ...] | None) -> Taken:
+        """The pass of an item just taken under `owner` (`row` as `take` read it)."""
         waiting = as_utc(row.waiting_since).timestamp() if row.waiting_since else None
         return Taken(
             item_id,

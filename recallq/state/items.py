@@ -7,6 +7,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -380,7 +381,7 @@ class ItemStore:
                 stored = self._save_claims_in_steps(taken, values, claims, cache_hit, cache_key)
         if stored is None:
             return Skipped(SkipReason.NOT_OWNED)
-        return Taken(**{**taken.to_message(), "claims": stored, "waiting_since": None})
+        return replace(taken, claims=stored, waiting_since=None)
 
     def _save_claims_in_one(
         self,
@@ -441,7 +442,7 @@ class ItemStore:
         contexts = row.contexts
         if contexts is None:  # the run's static context, stored once on the run
             contexts = self.run_context(taken.run_id)
-        return Taken(**{**taken.to_message(), "owner": new_owner}), list(contexts)
+        return replace(taken, owner=new_owner), list(contexts)
 
     def run_context(self, run_id: str) -> list[str]:
         """A run's static context ([] when it has none). It never changes, so a worker keeps

@@ -10,10 +10,14 @@ from functools import lru_cache
 from typing import Any, cast
 
 from sqlalchemy import (
+    ARRAY,
     JSON,
+    BigInteger,
+    Boolean,
     ColumnElement,
     Connection,
     DateTime,
+    Float,
     Insert,
     Integer,
     Select,
@@ -21,6 +25,7 @@ from sqlalchemy import (
     Table,
     Text,
     Update,
+    any_,
     bindparam,
     column,
     delete,
@@ -333,6 +338,106 @@ def ended_statement(keys: frozenset[str]) -> Select[Any]:
         select(func.array_agg(released.c.id)).scalar_subquery().label("released"),
         select(func.count()).select_from(pending.subquery()).scalar_subquery().label("pending"),
         select(func.count()).select_from(verdicts).scalar_subquery().label("verdicts"),
+    )
+
+
+#: The counters extraction's end adds to (spent_values of extraction, with its cache hit).
+EXTRACTION_SPENT = (
+    "llm_calls",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "cache_hits",
+    "call_attempts",
+    "failed_calls",
+    "extraction_calls",
+    "extraction_prompt_tokens",
+    "extraction_completion_tokens",
+    "extraction_cost_usd",
+)
+
+
+@lru_cache
+def claims_saved_together() -> Select[Any]:
+    """Extraction's end for several items (Postgres), as `claims_saved` for each: one row of
+    `b_rows` each ({id, owner, the EXTRACTION_SPENT counters, key, fresh, claims}); the items
+    are locked in id order (`b_ids`), as every writer of several items. Returns a row per
+    item its pass still owned: (id, inserted: how many of its claims were new)."""
+    saving = (
+        func.json_to_recordset(bindparam("b_rows", type_=JSON))
+        .table_valued(
+            column("id", BigInteger),
+            column("owner", String),
+            *(column(k, Float if k.endswith("cost_usd") else Integer) for k in EXTRACTION_SPENT),
+            column("key", String),
+            column("fresh", Boolean),
+            column("claims", JSON),
+        )
+        .render_derived(name="saving", with_types=True)
+    )
+    in_id_order = (
+        select(items.c.id)
+        .where(items.c.id == any_(bindparam("b_ids", type_=ARRAY(BigInteger))))
+        .order_by(items.c.id)
+        .with_for_update()
+    )
+    done = (
+        update(items)
+        .where(
+            items.c.id == saving.c.id,
+            items.c.owner == saving.c.owner,
+            items.c.status == ItemStatus.RUNNING,
+            items.c.id.in_(in_id_order.scalar_subquery()),
+        )
+        .values(
+            {k: items.c[k] + saving.c[k] for k in EXTRACTION_SPENT}
+            | {"lease_until": bindparam("b_lease"), "waiting_since": None}
+        )
+        .returning(items.c.id)
+        .cte("done")
+    )
+    owned = saving.join(done, done.c.id == saving.c.id)
+    cached = (
+        _insert("postgresql", claim_cache)
+        .from_select(
+            ["key", "claims", "created_at"],
+            select(
+                saving.c.key,
+                saving.c.claims,
+                bindparam("b_now", type_=DateTime(timezone=True)),
+            )
+            .select_from(owned)
+            .where(saving.c.fresh),
+        )
+        .on_conflict_do_nothing()  # also the second of two items of one ground truth
+        .returning(claim_cache.c.key)
+        .cte("cached")
+    )
+    texts = (
+        func.json_array_elements_text(saving.c.claims)
+        .table_valued("value", with_ordinality="n")
+        .render_derived(name="claim")
+    )
+    inserted = (
+        _insert("postgresql", claims_table)
+        .from_select(
+            ["item_id", "idx", "text"],
+            select(saving.c.id, texts.c.n - 1, texts.c.value).select_from(
+                owned.join(texts, true())
+            ),
+        )
+        .on_conflict_do_nothing()
+        .returning(claims_table.c.item_id)
+        .cte("inserted")
+    )
+    return select(
+        done.c.id,
+        select(func.count())
+        .select_from(inserted)
+        .where(inserted.c.item_id == done.c.id)
+        .scalar_subquery()
+        .label("inserted"),
+        select(func.count()).select_from(cached).scalar_subquery().label("cached"),
     )
 
 

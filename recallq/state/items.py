@@ -7,7 +7,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -41,6 +41,7 @@ from recallq.state.item_writes import (
     charge_refused,
     claims_insert,
     claims_saved,
+    claims_saved_together,
     claims_table,
     ended_statement,
     failed_values,
@@ -158,6 +159,18 @@ RELEASE_NEXT = (
 )
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class FoundClaims:
+    """Claims found for a pass, for extraction's end: what finding them used (`usage`),
+    whether they came from the claim cache, and their key there."""
+
+    taken: Taken
+    claims: Sequence[str]
+    usage: Usage
+    cache_hit: bool
+    cache_key: str
 
 
 def _refused(item_id: int, move: str, owner: str) -> None:
@@ -376,11 +389,14 @@ class ItemStore:
         }
         with self._charging(taken, (usage, Stage.EXTRACTION)):
             if self._db.dialect == "postgresql":
-                stored = self._save_claims_in_one(taken, values, claims, cache_hit, cache_key)
+                all_new = self._save_claims_in_one(taken, values, claims, cache_hit, cache_key)
             else:
-                stored = self._save_claims_in_steps(taken, values, claims, cache_hit, cache_key)
-        if stored is None:
+                all_new = self._save_claims_in_steps(taken, values, claims, cache_hit, cache_key)
+        if all_new is None:
             return Skipped(SkipReason.NOT_OWNED)
+        # else an earlier pass stored its claims first: those are the item's (read after the
+        # write, whose usage a failed read must not count again)
+        stored = tuple(claims) if all_new else self.stored_claims(taken.item_id)
         return replace(taken, claims=stored, waiting_since=None)
 
     def _save_claims_in_one(
@@ -390,19 +406,73 @@ class ItemStore:
         claims: Sequence[str],
         cache_hit: bool,
         cache_key: str,
-    ) -> tuple[str, ...] | None:
-        """save_claims in one statement (Postgres): the claims stored, None when refused."""
+    ) -> bool | None:
+        """save_claims in one statement (Postgres): whether all its claims were new (else an
+        earlier pass stored them first), None when refused."""
         params = item_update_params(taken.item_id, values, taken.owner, ItemStatus.RUNNING)
         params |= {"b_claims": list(claims), "b_key": cache_key, "b_now": utcnow()}
         statement = claims_saved(frozenset(values), not cache_hit)
         with self._db.single_statement() as conn:
             row = conn.execute(statement, params).one()
-            if not row.owned:
-                self._refuse(taken, values, "save_claims")
-                return None
-            if row.inserted != len(claims):  # an earlier pass stored its claims first
-                return self._stored_claims(conn, taken.item_id)
-        return tuple(claims)
+        if not row.owned:
+            self._refuse(taken, values, "save_claims")
+            return None
+        return bool(row.inserted == len(claims))
+
+    def save_claims_together(self, found: Sequence[FoundClaims]) -> list[Taken | Skipped]:
+        """`save_claims` for several passes (the items of one extraction call, or the claim
+        cache's hits of a group): on Postgres in one statement. What each became, in order."""
+        ids = [f.taken.item_id for f in found]
+        if self._db.dialect != "postgresql" or len(found) < 2 or len(set(ids)) < len(ids):
+            return [
+                self.save_claims(f.taken, f.claims, f.usage, f.cache_hit, f.cache_key)
+                for f in found
+            ]
+        rows = [
+            {
+                "id": f.taken.item_id,
+                "owner": f.taken.owner,
+                **spent_values(f.usage, Stage.EXTRACTION, int(f.cache_hit)),
+                "key": f.cache_key,
+                "fresh": not f.cache_hit,
+                "claims": list(f.claims),
+            }
+            for f in found
+        ]
+        params = {"b_rows": rows, "b_ids": ids, "b_lease": self.queue_lease(), "b_now": utcnow()}
+        try:
+            with self._db.single_statement() as conn:
+                saved = conn.execute(claims_saved_together(), params)
+                written: dict[int, int] = {row.id: row.inserted for row in saved}
+        except SQLAlchemyError:
+            self._keep_unwritten([(f.taken, f.usage) for f in found])
+            raise
+        refused = [
+            (f, row) for f, row in zip(found, rows, strict=True) if f.taken.item_id not in written
+        ]
+        if refused:
+            try:
+                for f, row in refused:
+                    self._refuse(f.taken, row, "save_claims")
+            except SQLAlchemyError:
+                self._keep_unwritten([(f.taken, f.usage) for f, _ in refused])
+                raise
+        became: list[Taken | Skipped] = []
+        for f in found:
+            item_id = f.taken.item_id
+            if item_id not in written:
+                became.append(Skipped(SkipReason.NOT_OWNED))
+                continue
+            stored = tuple(f.claims)
+            if written[item_id] != len(f.claims):  # an earlier pass stored its claims first
+                stored = self.stored_claims(item_id)
+            became.append(replace(f.taken, claims=stored, waiting_since=None))
+        return became
+
+    def stored_claims(self, item_id: int) -> tuple[str, ...]:
+        """The claims an item has stored, in order."""
+        with self._db.single_statement() as conn:
+            return self._stored_claims(conn, item_id)
 
     def _save_claims_in_steps(
         self,
@@ -411,7 +481,7 @@ class ItemStore:
         claims: Sequence[str],
         cache_hit: bool,
         cache_key: str,
-    ) -> tuple[str, ...] | None:
+    ) -> bool | None:
         """save_claims in one transaction of several statements (SQLite)."""
         with self._db.transaction() as conn:
             if not self._write_owned(conn, taken, values, "save_claims"):
@@ -420,9 +490,7 @@ class ItemStore:
                 ClaimCache.write(conn, cache_key, claims)
             rows = [{"item_id": taken.item_id, "idx": i, "text": t} for i, t in enumerate(claims)]
             inserted = conn.execute(claims_insert(conn.dialect.name), rows).all()
-            if len(inserted) != len(claims):
-                return self._stored_claims(conn, taken.item_id)
-        return tuple(claims)
+        return len(inserted) == len(claims)
 
     def hand_over(self, taken: Taken, new_owner: str) -> tuple[Taken, list[str]] | Skipped:
         """running → running under the owner token of the worker running the next stage, so
@@ -639,6 +707,12 @@ class ItemStore:
         _refused(taken.item_id, move, taken.owner)
         with self._db.transaction() as conn:
             charge_refused(conn, taken.item_id, taken.run_id, values)
+
+    def _keep_unwritten(self, spent: Sequence[tuple[Taken, Usage]]) -> None:
+        """What `_charging` keeps, for extraction's end of several passes."""
+        for taken, usage in spent:
+            if usage != NO_USAGE:
+                self.spool.keep(Charge.new(taken.item_id, taken.run_id, Stage.EXTRACTION, usage))
 
     @contextmanager
     def _charging(self, taken: Taken, *spent: tuple[Usage, Stage]) -> Iterator[None]:

@@ -18,12 +18,14 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, event, select
 
-from recallq.core.outcomes import Continue, Ended, Taken
+from recallq.core.outcomes import Continue, Ended, Skipped, SkipReason, Taken
 from recallq.core.status import ItemStatus, RunStatus
+from recallq.core.usage import Usage
 from recallq.execution.runtime import Runtime
 from recallq.runs import ingest
 from recallq.settings import Settings
-from recallq.state.tables import Claim, Item, Run, UsageCharge
+from recallq.state.items import FoundClaims
+from recallq.state.tables import Claim, ClaimCache, Item, Run, UsageCharge
 from tests.fakes import RecordingQueue, ScriptedJudge
 from tests.services import redis_database
 
@@ -154,10 +156,10 @@ def test_each_stage_end_is_one_statement_without_a_transaction(runtime: Runtime)
         for line in counts.statements:
             print(f"    {line}")
 
-    # extraction's end: per item one statement (claims, claim cache, usage), no transaction;
-    # the group's claim cache is read once
+    # extraction's end: the group's claim cache read once, then one statement for the items
+    # of the extraction call (claims, claim cache, usage), no transaction
     assert extracting.transactions == 0
-    assert len(extracting.statements) <= 1 + 2
+    assert len(extracting.statements) <= 2
     # take: one read and one write for the group
     assert taking.transactions == 0 and len(taking.statements) <= 2
     # attribution's end: the hand-over, then one statement ending the item (its verdicts, the
@@ -224,3 +226,54 @@ def test_stage_ends_write_what_they_did_before(runtime: Runtime) -> None:
     assert [i.attempts for i in items] == [1, 1, 1]
     assert sorted((c.item_id, c.idx, c.verdict) for c in claims) == [(i, 0, "yes") for i in ids]
     assert charges == []
+
+
+def test_extraction_end_of_a_group_writes_each_pass_once(runtime: Runtime) -> None:
+    """Claims saved together: a stale pass's write counts only its usage, a later pass finds
+    the claims stored first, a claim cache hit counts as one, and fresh claims are cached."""
+    items = runtime.items
+    run_id, ids = _run(runtime, 2)
+    runtime.engine.dispatch(run_id)
+    token = runtime.engine.owners.new_token
+
+    def passes() -> list[Taken]:
+        taken = items.take_group(ids, token, lambda _: False)  # its holders taken for dead
+        assert all(isinstance(t, Taken) for t in taken)
+        return [t for t in taken if isinstance(t, Taken)]
+
+    used = Usage(llm_calls=1, prompt_tokens=10, completion_tokens=5, cost_usd=0.1)
+    stale, current = passes(), passes()
+    refused = items.save_claims_together(
+        [FoundClaims(t, ["stale"], used, False, f"stale-{t.item_id}") for t in stale]
+    )
+    assert refused == [Skipped(SkipReason.NOT_OWNED)] * 2
+    keys = [f"fresh-{uuid.uuid4()}", f"fresh-{uuid.uuid4()}"]
+    saved = items.save_claims_together(
+        [
+            FoundClaims(t, [f"{t.item_id} a", f"{t.item_id} b"], used, False, key)
+            for t, key in zip(current, keys, strict=True)
+        ]
+    )
+    assert [s.claims for s in saved if isinstance(s, Taken)] == [(f"{i} a", f"{i} b") for i in ids]
+    # a later pass (a redelivered message) whose claims came from the cache keeps those stored
+    later = items.save_claims_together(
+        [FoundClaims(t, ["other"], Usage(), True, keys[0]) for t in passes()]
+    )
+    assert [s.claims for s in later if isinstance(s, Taken)] == [(f"{i} a", f"{i} b") for i in ids]
+
+    with runtime.database.session() as session:
+        rows = session.scalars(select(Item).where(Item.id.in_(ids)).order_by(Item.id)).all()
+        claims = session.scalars(
+            select(Claim).where(Claim.item_id.in_(ids)).order_by(Claim.item_id, Claim.idx)
+        ).all()
+        cached = session.scalars(
+            select(ClaimCache.key).where(ClaimCache.key.in_([*keys, *(f"stale-{i}" for i in ids)]))
+        ).all()
+    assert [(c.item_id, c.idx, c.text) for c in claims] == [
+        (i, n, f"{i} {x}") for i in ids for n, x in enumerate("ab")
+    ]
+    assert sorted(cached) == sorted(keys)
+    for row in rows:
+        assert (row.llm_calls, row.extraction_calls, row.cache_hits) == (2, 2, 1)
+        assert (row.prompt_tokens, row.extraction_completion_tokens) == (20, 10)
+        assert row.cost_usd == pytest.approx(0.2) and row.status == ItemStatus.RUNNING

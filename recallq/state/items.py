@@ -591,7 +591,10 @@ class ItemStore:
         released = tuple(sorted(row.released or ()))
         if released:
             metrics.items_moved(ItemStatus.QUEUED, len(released))
-        # pending items left: whoever ends after them looks for the run's completion
+        # Items still pending (as the statement started, less those it released) end only
+        # after this write commits, and each looks for the run's completion then: this item
+        # cannot be the run's last. (Were one released, run and ended within this very
+        # statement, the reaper's sweep, which dispatches every active run, completes it.)
         return Ended(taken.run_id, released, pending_left=row.pending > len(released))
 
     def defer(
@@ -618,11 +621,8 @@ class ItemStore:
             "deferrals": 1,
             "waiting_since": waiting_since,
         }
-        with (
-            self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)),
-            self._db.transaction() as conn,
-        ):
-            if not self._write_owned(conn, taken, values, "defer"):
+        with self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)):
+            if not self._write_owned_alone(taken, values, "defer"):
                 return Skipped(SkipReason.NOT_OWNED)
         return Deferred(until)
 
@@ -699,6 +699,20 @@ class ItemStore:
         if not owned:
             _refused(taken.item_id, move, taken.owner)
             charge_refused(conn, taken.item_id, taken.run_id, values)
+        return bool(owned)
+
+    def _write_owned_alone(self, taken: Taken, values: dict[str, Any], move: str) -> bool:
+        """`_write_owned` as a write of its own: on Postgres one statement in autocommit (the
+        refusal's charge, rare, in a transaction after it)."""
+        if self._db.dialect != "postgresql":
+            with self._db.transaction() as conn:
+                return self._write_owned(conn, taken, values, move)
+        with self._db.single_statement() as conn:
+            owned = update_item(
+                conn, taken.item_id, values, owner=taken.owner, status=ItemStatus.RUNNING
+            )
+        if not owned:
+            self._refuse(taken, values, move)
         return bool(owned)
 
     def _refuse(self, taken: Taken, values: dict[str, Any], move: str) -> None:

@@ -9,8 +9,10 @@ writes at each stage's end, the engine's settle included.
 
 from __future__ import annotations
 
+import queue
+import threading
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
@@ -277,3 +279,80 @@ def test_extraction_end_of_a_group_writes_each_pass_once(runtime: Runtime) -> No
         assert (row.llm_calls, row.extraction_calls, row.cache_hits) == (2, 2, 1)
         assert (row.prompt_tokens, row.extraction_completion_tokens) == (20, 10)
         assert row.cost_usd == pytest.approx(0.2) and row.status == ItemStatus.RUNNING
+
+
+class ThreadedQueue:
+    """A work queue worker threads take from, recording every item released."""
+
+    def __init__(self) -> None:
+        self.work: queue.Queue[int | Taken] = queue.Queue()
+        self.released: list[int] = []
+
+    def send_items(self, item_ids: Sequence[int]) -> None:
+        self.released += item_ids
+        for item_id in item_ids:
+            self.work.put(item_id)
+
+    def send_attribution(self, taken: Taken) -> None:
+        self.work.put(taken)
+
+    def send_dispatch(self, run_id: str) -> None:
+        pass
+
+
+def test_threads_ending_items_at_once_release_each_item_once_and_complete_the_run_once(
+    pg_database: str,
+) -> None:
+    """The folded end (release in the item's place, completion skipped while items are
+    pending) under 6 threads, a window of 3 released one at a time."""
+    work = ThreadedQueue()
+    settings = Settings(
+        database_url=pg_database,
+        redis_url=redis_database(7),
+        dispatch_window=3,
+        extraction_pack=1,
+    )
+    runtime = Runtime.distributed(
+        settings, work, worker_id="host:threads", judges={MODEL: ScriptedJudge(MODEL)}
+    )
+    completions: list[str] = []
+    runtime.on_completed = lambda database, run_id: completions.append(run_id)
+    try:
+        run_id, ids = _run(runtime, 30)
+        engine = runtime.engine
+        engine.dispatch(run_id)
+        done = threading.Event()
+        errors: list[BaseException] = []
+
+        def worker() -> None:
+            while not done.is_set():
+                try:
+                    message = work.work.get(timeout=0.1)
+                except queue.Empty:
+                    continue
+                try:
+                    if isinstance(message, Taken):
+                        engine.go_on(message.item_id, engine.attribute(message))
+                    else:
+                        for outcome in engine.extract_group([message]):
+                            engine.go_on(message, outcome)
+                except BaseException as exc:  # reported below
+                    errors.append(exc)
+                if completions:
+                    done.set()
+
+        threads = [threading.Thread(target=worker) for _ in range(6)]
+        for thread in threads:
+            thread.start()
+        done.wait(60)
+        done.set()
+        for thread in threads:
+            thread.join()
+        assert errors == []
+        assert completions == [run_id]
+        assert sorted(work.released) == ids  # each released once
+        with runtime.database.session() as session:
+            statuses = session.scalars(select(Item.status).where(Item.run_id == run_id)).all()
+        assert statuses == [ItemStatus.SUCCEEDED] * 30
+    finally:
+        runtime.close()

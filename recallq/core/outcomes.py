@@ -74,10 +74,13 @@ class Continue:
 @dataclass(frozen=True)
 class Ended:
     """The item ended. `released` are the run's pending items now queued in its place (their
-    messages are the caller's to send); none released means the run may be complete."""
+    messages are the caller's to send); none released means the run may be complete, unless
+    `pending_left`: the write saw items of the run still pending after its release, so the
+    run cannot be complete yet (whoever ends after them looks)."""
 
     run_id: str
     released: tuple[int, ...] = ()
+    pending_left: bool = False
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import logging
 import time
 from collections import defaultdict
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from functools import partial
 from typing import Protocol
@@ -40,7 +41,7 @@ from recallq.judge.base import Judge, JudgeReply, Repair
 from recallq.judge.by_model import JudgeRegistry
 from recallq.pipeline import Failed, Relevant, Scored, Verdicts, split_usage
 from recallq.state.claim_cache import ClaimCache
-from recallq.state.items import HandedOver, ItemStore
+from recallq.state.items import FoundClaims, HandedOver, ItemStore
 from recallq.state.runs import RunStore
 
 log = logging.getLogger(__name__)
@@ -272,12 +273,13 @@ class Engine:
 
     def settle(self, outcome: StageOutcome) -> None:
         """After an item ended (its write committed): send the items released in its place,
-        or, when none was, complete the run if this was its last item."""
+        or, when none was, complete the run if this was its last item. An item whose write
+        saw pending items left cannot have been the last: no query for that."""
         if not isinstance(outcome, Ended):
             return
         if outcome.released:
             self.queue.send_items(outcome.released)
-        else:
+        elif not outcome.pending_left:
             self._complete_if_done(outcome.run_id)
 
     def _complete_if_done(self, run_id: str) -> None:
@@ -301,6 +303,7 @@ class Engine:
                 (t, self._settle_error(t, exc, exc.usage, Stage.EXTRACTION)) for t in needed
             ]
         uncached: list[tuple[Taken, str]] = []
+        hits: list[FoundClaims] = []
         keys = [ClaimCache.key(t.ground_truth or "", t.model, project=t.project) for t in needed]
         known = self.items.cached_claims(keys)  # one query for the group
         for taken, key in zip(needed, keys, strict=True):
@@ -309,7 +312,8 @@ class Engine:
             if cached is None:
                 uncached.append((taken, key))
             else:
-                done.append((taken, self._claims_found(taken, cached, NO_USAGE, key, hit=True)))
+                hits.append(FoundClaims(taken, cached, NO_USAGE, True, key))
+        done += self._claims_found_together(hits)
         for pack in extraction_packs(uncached, self.judges.pack_size(judge.name), self.pack_tokens):
             if len(pack) == 1:
                 taken, key = pack[0]
@@ -341,13 +345,17 @@ class Engine:
         else:
             shares = split_usage(reply.usage, len(pack), weights)
             found = pipeline.packed_claims_found(reply)
-        done: list[tuple[Taken, StageOutcome]] = []
+        answered: list[FoundClaims] = []
+        left_out: list[tuple[Taken, str, Usage]] = []
         for index, ((taken, key), share) in enumerate(zip(pack, shares, strict=True)):
             claims = found.get(index)
             if claims is None:
-                done.append((taken, self._extract_alone(judge, taken, key, share)))
+                left_out.append((taken, key, share))
             else:
-                done.append((taken, self._claims_found(taken, claims, share, key, hit=False)))
+                answered.append(FoundClaims(taken, claims, share, False, key))
+        done = self._claims_found_together(answered)  # stored before any further call
+        for taken, key, share in left_out:
+            done.append((taken, self._extract_alone(judge, taken, key, share)))
         return done
 
     def _extract_alone(self, judge: Judge, taken: Taken, key: str, spent: Usage) -> StageOutcome:
@@ -373,6 +381,30 @@ class Engine:
             )
         stored = self.items.save_claims(taken, found.claims, usage, hit, key)
         return stored if isinstance(stored, Skipped) else Continue(stored)
+
+    def _claims_found_together(self, found: list[FoundClaims]) -> list[tuple[Taken, StageOutcome]]:
+        """`_claims_found` for several passes: their claims stored together."""
+        done: list[tuple[Taken, StageOutcome]] = []
+        storing: list[FoundClaims] = []
+        for each in found:
+            claims = pipeline.claims_found(each.claims)
+            if isinstance(claims, Scored):
+                ended = self.items.succeed(
+                    each.taken,
+                    claims.outcome,
+                    each.usage,
+                    Stage.EXTRACTION,
+                    cache_hits=int(each.cache_hit),
+                )
+                done.append((each.taken, ended))
+            else:
+                storing.append(replace(each, claims=claims.claims))
+        stored = self.items.save_claims_together(storing)
+        for each, outcome in zip(storing, stored, strict=True):
+            done.append(
+                (each.taken, outcome if isinstance(outcome, Skipped) else Continue(outcome))
+            )
+        return done
 
     def _unanswered(
         self, taken: Taken, answer: Failed | JudgeError, usage: Usage, stage: Stage

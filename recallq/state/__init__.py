@@ -43,5 +43,9 @@ database was down is kept and written once it is back, once per charge (usage_sp
 
 The hot path uses Core statements built once, with bound parameters (building SQLAlchemy
 expressions per call cost more CPU than running them); a statement that stands alone runs
-without BEGIN and COMMIT (Database.single_statement).
+without BEGIN and COMMIT (Database.single_statement). On Postgres each stage's end is one such
+statement (recallq.state.item_writes: the guarded UPDATE of the item as a CTE, the stage's
+other writes made only for the row it returned): take and save_claims for all the items of a
+group or an extraction call at once, succeed and fail with the verdicts and release_next.
+SQLite (local mode) makes the same writes in one transaction each.
 """

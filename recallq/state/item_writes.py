@@ -10,16 +10,30 @@ from functools import lru_cache
 from typing import Any, cast
 
 from sqlalchemy import (
+    ARRAY,
+    JSON,
+    BigInteger,
+    Boolean,
     ColumnElement,
     Connection,
+    DateTime,
+    Float,
     Insert,
+    Integer,
+    Select,
+    String,
     Table,
+    Text,
     Update,
+    any_,
     bindparam,
+    column,
     delete,
+    exists,
     func,
     or_,
     select,
+    true,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -30,18 +44,19 @@ from sqlalchemy.orm import Session
 from recallq.core.outcomes import Stage
 from recallq.core.precision import Precision
 from recallq.core.scoring import Outcome, Verdict
-from recallq.core.status import ITEM_IN_FLIGHT, ItemStatus
+from recallq.core.status import ITEM_IN_FLIGHT, ItemStatus, RunStatus
 from recallq.core.usage import Usage
 from recallq.observability import metrics
-from recallq.state.tables import Claim, Item, KeptView, Run, UsageCharge, utcnow
+from recallq.state.tables import Claim, ClaimCache, Item, KeptView, Run, UsageCharge, utcnow
 from recallq.state.usage_spool import Charge
 
-items, runs, claims_table, kept_views, usage_charges = (
+items, runs, claims_table, kept_views, usage_charges, claim_cache = (
     cast(Table, Item.__table__),
     cast(Table, Run.__table__),
     cast(Table, Claim.__table__),
     cast(Table, KeptView.__table__),
     cast(Table, UsageCharge.__table__),
+    cast(Table, ClaimCache.__table__),
 )
 
 IN_FLIGHT = (
@@ -89,6 +104,18 @@ def _item_update(keys: frozenset[str], match_owner: str, match_status: bool) -> 
     return update(items).where(*where).values(values)
 
 
+def item_update_params(
+    item_id: int, values: dict[str, Any], owner: str | None = None, status: str | None = None
+) -> dict[str, Any]:
+    """The parameters of `_item_update`'s statement for these values and guards."""
+    params = {f"v_{k}": v for k, v in values.items()} | {"b_id": item_id}
+    if owner is not None:
+        params["b_owner"] = owner
+    if status is not None:
+        params["b_status"] = status
+    return params
+
+
 def update_item(
     conn: Connection,
     item_id: int,
@@ -99,11 +126,7 @@ def update_item(
 ) -> int:
     match_owner = "null" if unowned else "value" if owner is not None else ""
     statement = _item_update(frozenset(values), match_owner, status is not None)
-    params = {f"v_{k}": v for k, v in values.items()} | {"b_id": item_id}
-    if owner is not None:
-        params["b_owner"] = owner
-    if status is not None:
-        params["b_status"] = status
+    params = item_update_params(item_id, values, owner, status)
     written: int = conn.execute(statement, params).rowcount
     if written and "status" in values:
         metrics.items_moved(values["status"], written)
@@ -164,6 +187,257 @@ def verdicts_upsert(dialect: str) -> Insert:
             "context_indices": statement.excluded.context_indices,
             "reason": statement.excluded.reason,
         },
+    )
+
+
+# --- a stage's end in one statement (Postgres) ------------------------------------------------
+#
+# On Postgres a stage's end is one statement in autocommit: the guarded UPDATE of the item is a
+# data-modifying CTE, and every other write of the stage happens only for the row it returned
+# (the pass still owned the item). One round trip and one trip through SQLAlchemy and the
+# driver, instead of BEGIN, three to five statements and COMMIT: most of a worker's CPU per item
+# was statement execution (issue 29). SQLite (local mode) has no data-modifying CTEs and keeps
+# one transaction of several statements (recallq.state.items).
+
+#: A stage's claims, as one JSON array (also the claim cache's value): one row each, in order.
+_CLAIM_TEXTS = (
+    func.json_array_elements_text(bindparam("b_claims", type_=JSON))
+    .table_valued("value", with_ordinality="n")
+    .render_derived(name="claim")
+)
+#: verdict_rows' rows, as one JSON array of objects.
+_VERDICT_ROWS = (
+    func.json_to_recordset(bindparam("b_verdicts", type_=JSON))
+    .table_valued(
+        column("idx", Integer),
+        column("text", Text),
+        column("verdict", String),
+        column("context_indices", JSON),
+        column("reason", Text),
+    )
+    .render_derived(name="verdict", with_types=True)
+)
+
+
+def _owned_update(keys: frozenset[str]) -> Any:
+    """The guarded UPDATE of `update_item(owner=, status=)` as a CTE: the item's id when the
+    pass still owned it, no row when not."""
+    return _item_update(keys, "value", True).returning(items.c.id, items.c.run_id).cte("done")
+
+
+@lru_cache
+def claims_saved(keys: frozenset[str], write_cache: bool) -> Select[Any]:
+    """Extraction's end: the item's usage (guarded by owner and status), its claims, and the
+    claim cache's entry when freshly extracted, unless the pass no longer owned the item.
+    Returns (owned, inserted): whether it was written, and how many claims were new (fewer
+    than given: an earlier pass stored them first)."""
+    done = _owned_update(keys)
+    owned = exists(select(done.c.id))
+    if write_cache:
+        cached = (
+            _insert("postgresql", claim_cache)
+            .from_select(
+                ["key", "claims", "created_at"],
+                select(
+                    bindparam("b_key", type_=String),
+                    bindparam("b_claims", type_=JSON),
+                    bindparam("b_now", type_=DateTime(timezone=True)),
+                ).where(owned),
+            )
+            .on_conflict_do_nothing()
+            .returning(claim_cache.c.key)
+            .cte("cached")
+        )
+    texts = _CLAIM_TEXTS
+    inserted = (
+        _insert("postgresql", claims_table)
+        .from_select(
+            ["item_id", "idx", "text"],
+            select(done.c.id, texts.c.n - 1, texts.c.value).select_from(done).join(texts, true()),
+        )
+        .on_conflict_do_nothing()
+        .returning(claims_table.c.idx)
+        .cte("inserted")
+    )
+    statement = select(
+        owned.label("owned"),
+        select(func.count()).select_from(inserted).scalar_subquery().label("inserted"),
+    )
+    if write_cache:  # a CTE the result names is sure to be part of the statement
+        statement = statement.add_columns(
+            select(func.count()).select_from(cached).scalar_subquery().label("cached")
+        )
+    return statement
+
+
+@lru_cache
+def ended_statement(keys: frozenset[str]) -> Select[Any]:
+    """An item's end (succeed, fail): the item's values (guarded by owner and status), its
+    claims' verdicts, and the release of pending items in its place (the run running; rows
+    nobody else locks), unless the pass no longer owned the item. Returns (owned, released:
+    ids or null, pending: the run's items that were pending before the release).
+
+    All parts see the database as the statement started: the count of the window's items in
+    flight leaves out the item itself, which the same statement ends."""
+    done = _owned_update(keys)
+    owned = exists(select(done.c.id))
+    rows = _VERDICT_ROWS
+    upsert = _insert("postgresql", claims_table).from_select(
+        ["item_id", "idx", "text", "verdict", "context_indices", "reason"],
+        select(done.c.id, rows.c.idx, rows.c.text, rows.c.verdict, rows.c.context_indices)
+        .add_columns(rows.c.reason)
+        .select_from(done)
+        .join(rows, true()),
+    )
+    verdicts = (
+        upsert.on_conflict_do_update(
+            index_elements=["item_id", "idx"],
+            set_={
+                "text": upsert.excluded.text,
+                "verdict": upsert.excluded.verdict,
+                "context_indices": upsert.excluded.context_indices,
+                "reason": upsert.excluded.reason,
+            },
+        )
+        .returning(claims_table.c.idx)
+        .cte("verdicts")
+    )
+    in_flight = (
+        select(func.count())
+        .select_from(items)
+        .where(
+            items.c.run_id == bindparam("b_run"),
+            items.c.status.in_(ITEM_IN_FLIGHT),
+            items.c.id != bindparam("b_id"),  # the item itself, which ends here
+        )
+        .scalar_subquery()
+    )
+    free = bindparam("b_window", type_=Integer) - in_flight
+    pending = (
+        select(items.c.id)
+        .where(items.c.run_id == bindparam("b_run"), items.c.status == ItemStatus.PENDING)
+        .order_by(items.c.id)
+    )
+    limit = func.greatest(free, 0)
+    released = (
+        update(items)
+        .where(
+            items.c.id.in_(
+                pending.limit(limit).with_for_update(skip_locked=True).scalar_subquery()
+            ),
+            owned,
+            free >= bindparam("b_group", type_=Integer),
+            exists().where(runs.c.id == bindparam("b_run"), runs.c.status == RunStatus.RUNNING),
+        )
+        .values(status=ItemStatus.QUEUED, lease_until=bindparam("b_lease"))
+        .returning(items.c.id)
+        .cte("released")
+    )
+    return select(
+        owned.label("owned"),
+        select(func.array_agg(released.c.id)).scalar_subquery().label("released"),
+        select(func.count()).select_from(pending.subquery()).scalar_subquery().label("pending"),
+        select(func.count()).select_from(verdicts).scalar_subquery().label("verdicts"),
+    )
+
+
+#: The counters extraction's end adds to (spent_values of extraction, with its cache hit).
+EXTRACTION_SPENT = (
+    "llm_calls",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "cache_hits",
+    "call_attempts",
+    "failed_calls",
+    "extraction_calls",
+    "extraction_prompt_tokens",
+    "extraction_completion_tokens",
+    "extraction_cost_usd",
+)
+
+
+@lru_cache
+def claims_saved_together() -> Select[Any]:
+    """Extraction's end for several items (Postgres), as `claims_saved` for each: one row of
+    `b_rows` each ({id, owner, the EXTRACTION_SPENT counters, key, fresh, claims}); the items
+    are locked in id order (`b_ids`), as every writer of several items. Returns a row per
+    item its pass still owned: (id, inserted: how many of its claims were new)."""
+    saving = (
+        func.json_to_recordset(bindparam("b_rows", type_=JSON))
+        .table_valued(
+            column("id", BigInteger),
+            column("owner", String),
+            *(column(k, Float if k.endswith("cost_usd") else Integer) for k in EXTRACTION_SPENT),
+            column("key", String),
+            column("fresh", Boolean),
+            column("claims", JSON),
+        )
+        .render_derived(name="saving", with_types=True)
+    )
+    in_id_order = (
+        select(items.c.id)
+        .where(items.c.id == any_(bindparam("b_ids", type_=ARRAY(BigInteger))))
+        .order_by(items.c.id)
+        .with_for_update()
+    )
+    done = (
+        update(items)
+        .where(
+            items.c.id == saving.c.id,
+            items.c.owner == saving.c.owner,
+            items.c.status == ItemStatus.RUNNING,
+            items.c.id.in_(in_id_order.scalar_subquery()),
+        )
+        .values(
+            {k: items.c[k] + saving.c[k] for k in EXTRACTION_SPENT}
+            | {"lease_until": bindparam("b_lease"), "waiting_since": None}
+        )
+        .returning(items.c.id)
+        .cte("done")
+    )
+    owned = saving.join(done, done.c.id == saving.c.id)
+    cached = (
+        _insert("postgresql", claim_cache)
+        .from_select(
+            ["key", "claims", "created_at"],
+            select(
+                saving.c.key,
+                saving.c.claims,
+                bindparam("b_now", type_=DateTime(timezone=True)),
+            )
+            .select_from(owned)
+            .where(saving.c.fresh),
+        )
+        .on_conflict_do_nothing()  # also the second of two items of one ground truth
+        .returning(claim_cache.c.key)
+        .cte("cached")
+    )
+    texts = (
+        func.json_array_elements_text(saving.c.claims)
+        .table_valued("value", with_ordinality="n")
+        .render_derived(name="claim")
+    )
+    inserted = (
+        _insert("postgresql", claims_table)
+        .from_select(
+            ["item_id", "idx", "text"],
+            select(saving.c.id, texts.c.n - 1, texts.c.value).select_from(
+                owned.join(texts, true())
+            ),
+        )
+        .on_conflict_do_nothing()
+        .returning(claims_table.c.item_id)
+        .cte("inserted")
+    )
+    return select(
+        done.c.id,
+        select(func.count())
+        .select_from(inserted)
+        .where(inserted.c.item_id == done.c.id)
+        .scalar_subquery()
+        .label("inserted"),
+        select(func.count()).select_from(cached).scalar_subquery().label("cached"),
     )
 
 

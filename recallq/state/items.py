@@ -7,13 +7,21 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
+    ARRAY,
+    JSON,
+    BigInteger,
     Connection,
+    String,
+    any_,
     bindparam,
+    column,
     exists,
+    func,
     select,
     tuple_,
     update,
@@ -33,8 +41,12 @@ from recallq.state.item_writes import (
     add_values,
     charge_refused,
     claims_insert,
+    claims_saved,
+    claims_saved_together,
     claims_table,
+    ended_statement,
     failed_values,
+    item_update_params,
     items,
     runs,
     spent_values,
@@ -74,6 +86,49 @@ STORED_CLAIMS = (
     .where(claims_table.c.item_id == bindparam("item_id"))
     .order_by(claims_table.c.idx)
 )
+STORED_CLAIMS_OF = (
+    select(claims_table.c.item_id, claims_table.c.text)
+    .where(claims_table.c.item_id.in_(bindparam("item_ids", expanding=True)))
+    .order_by(claims_table.c.item_id, claims_table.c.idx)
+)
+#: take's write for a group of items (Postgres): each row {id, owner, old_owner, old_status}
+#: is taken under its owner while its status and owner are as read; locks in id order, as
+#: every writer of several items (recallq.state.item_writes.update_items_in_id_order).
+_TAKING = (
+    func.json_to_recordset(bindparam("b_rows", type_=JSON))
+    .table_valued(
+        column("id", BigInteger),
+        column("owner", String),
+        column("old_owner", String),
+        column("old_status", String),
+    )
+    .render_derived(name="taking", with_types=True)
+)
+TAKE_GROUP = (
+    update(items)
+    .where(
+        items.c.id == _TAKING.c.id,
+        items.c.status == _TAKING.c.old_status,
+        items.c.owner.is_not_distinct_from(_TAKING.c.old_owner),
+        items.c.id.in_(
+            select(items.c.id)
+            .where(items.c.id == any_(bindparam("b_ids", type_=ARRAY(BigInteger))))
+            .order_by(items.c.id)
+            .with_for_update()
+            .scalar_subquery()
+        ),
+    )
+    .values(
+        status=ItemStatus.RUNNING,
+        owner=_TAKING.c.owner,
+        lease_until=bindparam("b_lease"),
+        attempts=items.c.attempts + 1,
+        started_at=func.coalesce(
+            items.c.started_at, bindparam("b_now", type_=items.c.started_at.type)
+        ),
+    )
+    .returning(items.c.id)
+)
 HAND_OVER = (
     update(items)
     .where(
@@ -108,6 +163,18 @@ log = logging.getLogger(__name__)
 
 #: a pass handed over to the stage that runs it, and the item's resolved contexts
 HandedOver = tuple[Taken, list[str]]
+
+
+@dataclass(frozen=True)
+class FoundClaims:
+    """Claims found for a pass, for extraction's end: what finding them used (`usage`),
+    whether they came from the claim cache, and their key there."""
+
+    taken: Taken
+    claims: Sequence[str]
+    usage: Usage
+    cache_hit: bool
+    cache_key: str
 
 
 def _refused(item_id: int, move: str, owner: str) -> None:
@@ -172,26 +239,80 @@ class ItemStore:
         holder_alive: Callable[[str], bool],
     ) -> list[Taken | Skipped]:
         """`take` for each of these items (a fresh owner token each from `new_owner`), their
-        reads in one query: what each became, in order."""
+        reads in one query and, on Postgres, their writes in another: what each became, in
+        order."""
         with self._db.single_statement() as conn:
             found = conn.execute(TAKE_READ_GROUP, {"item_ids": list(dict.fromkeys(item_ids))})
             rows = {row.id: row for row in found}
-        return [
-            self._take_read(item_id, rows.get(item_id), new_owner(), holder_alive)
-            for item_id in item_ids
-        ]
+        if self._db.dialect != "postgresql":
+            return [
+                self._take_read(item_id, rows.get(item_id), new_owner(), holder_alive)
+                for item_id in item_ids
+            ]
+        became: dict[int, Taken | Skipped] = {}
+        taking: dict[int, str] = {}
+        for item_id in dict.fromkeys(item_ids):
+            row = rows.get(item_id)
+            not_taken = self._not_taken(item_id, row, holder_alive)
+            if not_taken is None:
+                taking[item_id] = new_owner()
+            else:
+                became[item_id] = not_taken
+        became |= self._take_all(taking, rows)
+        # a second copy of an id in the group finds the item no longer as it was read
+        seen: set[int] = set()
+        results: list[Taken | Skipped] = []
+        for item_id in item_ids:
+            again = item_id in seen and item_id in taking
+            results.append(Skipped(SkipReason.NOT_OWNED) if again else became[item_id])
+            seen.add(item_id)
+        return results
 
-    def _take_read(
-        self, item_id: int, row: Any, owner: str, holder_alive: Callable[[str], bool]
-    ) -> Taken | Skipped:
-        """The rest of `take`, once the item's row is read (None: no such item)."""
-        now = utcnow()
+    def _take_all(self, owners: dict[int, str], rows: dict[int, Any]) -> dict[int, Taken | Skipped]:
+        """The write of `take` for several items (Postgres): each under its owner token, in
+        one statement; what each became."""
+        if not owners:
+            return {}
+        taking = [
+            {"id": i, "owner": owner, "old_owner": rows[i].owner, "old_status": rows[i].status}
+            for i, owner in owners.items()
+        ]
+        params = {
+            "b_rows": taking,
+            "b_ids": list(owners),
+            "b_lease": self._lease(),
+            "b_now": utcnow(),
+        }
+        with self._db.single_statement() as conn:
+            moved = set(conn.execute(TAKE_GROUP, params).scalars())
+            with_claims = [i for i in moved if rows[i].has_claims]
+            known: dict[int, list[str]] = {i: [] for i in with_claims}
+            if with_claims:
+                for item_id, text in conn.execute(STORED_CLAIMS_OF, {"item_ids": with_claims}):
+                    known[item_id].append(text)
+        if moved:
+            metrics.items_moved(ItemStatus.RUNNING, len(moved))
+        became: dict[int, Taken | Skipped] = {}
+        for item_id, owner in owners.items():
+            if item_id not in moved:
+                became[item_id] = Skipped(SkipReason.NOT_OWNED)
+                continue
+            claims = tuple(known[item_id]) if item_id in known else None
+            became[item_id] = self._taken(item_id, owner, rows[item_id], claims)
+        return became
+
+    def _not_taken(
+        self, item_id: int, row: Any, holder_alive: Callable[[str], bool]
+    ) -> Skipped | None:
+        """Why `take` leaves an item as it is (None: it takes it). An item whose run was
+        cancelled becomes cancelled here."""
         if row is None or row.status in ITEM_ENDED:
             return Skipped(SkipReason.ENDED)
         if row.status == ItemStatus.PENDING:  # a stale message: dispatch releases it later
             return Skipped(SkipReason.NOT_RELEASED)
         if row.status == ItemStatus.BATCHED:  # a batch-mode run's item makes no online call
             return Skipped(SkipReason.IN_BATCH)
+        now = utcnow()
         if row.run_status == RunStatus.CANCELLED:
             cancelled = {"status": ItemStatus.CANCELLED, "finished_at": now, "lease_until": None}
             with self._db.single_statement() as conn:
@@ -200,6 +321,15 @@ class ItemStore:
         held = row.status == ItemStatus.RUNNING and row.owner and row.lease_until is not None
         if held and as_utc(row.lease_until) > now and holder_alive(row.owner):
             return Skipped(SkipReason.HELD)
+        return None
+
+    def _take_read(
+        self, item_id: int, row: Any, owner: str, holder_alive: Callable[[str], bool]
+    ) -> Taken | Skipped:
+        """The rest of `take`, once the item's row is read (None: no such item)."""
+        not_taken = self._not_taken(item_id, row, holder_alive)
+        if not_taken is not None:
+            return not_taken
         values: dict[str, Any] = {
             "status": ItemStatus.RUNNING,
             "owner": owner,
@@ -207,12 +337,17 @@ class ItemStore:
             "attempts": 1,
         }
         if row.started_at is None:  # first taking; a retaken item keeps when it started
-            values["started_at"] = now
+            values["started_at"] = utcnow()
         unchanged = {"owner": row.owner, "status": row.status, "unowned": row.owner is None}
         with self._db.single_statement() as conn:
             if not update_item(conn, item_id, values, **unchanged):
                 return Skipped(SkipReason.NOT_OWNED)
             known = self._stored_claims(conn, item_id) if row.has_claims else None
+        return self._taken(item_id, owner, row, known)
+
+    @staticmethod
+    def _taken(item_id: int, owner: str, row: Any, known: tuple[str, ...] | None) -> Taken:
+        """The pass of an item just taken under `owner` (`row` as `take` read it)."""
         waiting = as_utc(row.waiting_since).timestamp() if row.waiting_since else None
         return Taken(
             item_id,
@@ -252,21 +387,114 @@ class ItemStore:
         becomes a queue lease. Returns the pass with the claims stored, which are an earlier
         pass's when that one stored its claims first. The item made progress: whatever it
         waited out is over."""
-        with self._charging(taken, (usage, Stage.EXTRACTION)), self._db.transaction() as conn:
-            values = spent_values(usage, Stage.EXTRACTION, int(cache_hit)) | {
-                "lease_until": self.queue_lease(),
-                "waiting_since": None,
+        values = spent_values(usage, Stage.EXTRACTION, int(cache_hit)) | {
+            "lease_until": self.queue_lease(),
+            "waiting_since": None,
+        }
+        with self._charging(taken, (usage, Stage.EXTRACTION)):
+            if self._db.dialect == "postgresql":
+                all_new = self._save_claims_in_one(taken, values, claims, cache_hit, cache_key)
+            else:
+                all_new = self._save_claims_in_steps(taken, values, claims, cache_hit, cache_key)
+        if all_new is None:
+            return Skipped(SkipReason.NOT_OWNED)
+        # else an earlier pass stored its claims first: those are the item's (read after the
+        # write, whose usage a failed read must not count again)
+        stored = tuple(claims) if all_new else self.stored_claims(taken.item_id)
+        return replace(taken, claims=stored, waiting_since=None)
+
+    def _save_claims_in_one(
+        self,
+        taken: Taken,
+        values: dict[str, Any],
+        claims: Sequence[str],
+        cache_hit: bool,
+        cache_key: str,
+    ) -> bool | None:
+        """save_claims in one statement (Postgres): whether all its claims were new (else an
+        earlier pass stored them first), None when refused."""
+        params = item_update_params(taken.item_id, values, taken.owner, ItemStatus.RUNNING)
+        params |= {"b_claims": list(claims), "b_key": cache_key, "b_now": utcnow()}
+        statement = claims_saved(frozenset(values), not cache_hit)
+        with self._db.single_statement() as conn:
+            row = conn.execute(statement, params).one()
+        if not row.owned:
+            self._refuse(taken, values, "save_claims")
+            return None
+        return bool(row.inserted == len(claims))
+
+    def save_claims_together(self, found: Sequence[FoundClaims]) -> list[Taken | Skipped]:
+        """`save_claims` for several passes (the items of one extraction call, or the claim
+        cache's hits of a group): on Postgres in one statement. What each became, in order."""
+        ids = [f.taken.item_id for f in found]
+        if self._db.dialect != "postgresql" or len(found) < 2 or len(set(ids)) < len(ids):
+            return [
+                self.save_claims(f.taken, f.claims, f.usage, f.cache_hit, f.cache_key)
+                for f in found
+            ]
+        rows = [
+            {
+                "id": f.taken.item_id,
+                "owner": f.taken.owner,
+                **spent_values(f.usage, Stage.EXTRACTION, int(f.cache_hit)),
+                "key": f.cache_key,
+                "fresh": not f.cache_hit,
+                "claims": list(f.claims),
             }
+            for f in found
+        ]
+        params = {"b_rows": rows, "b_ids": ids, "b_lease": self.queue_lease(), "b_now": utcnow()}
+        try:
+            with self._db.single_statement() as conn:
+                saved = conn.execute(claims_saved_together(), params)
+                written: dict[int, int] = {row.id: row.inserted for row in saved}
+        except SQLAlchemyError:
+            self._keep_unwritten([(f.taken, f.usage) for f in found])
+            raise
+        refused = [
+            (f, row) for f, row in zip(found, rows, strict=True) if f.taken.item_id not in written
+        ]
+        if refused:
+            try:
+                for f, row in refused:
+                    self._refuse(f.taken, row, "save_claims")
+            except SQLAlchemyError:
+                self._keep_unwritten([(f.taken, f.usage) for f, _ in refused])
+                raise
+        became: list[Taken | Skipped] = []
+        for f in found:
+            item_id = f.taken.item_id
+            if item_id not in written:
+                became.append(Skipped(SkipReason.NOT_OWNED))
+                continue
+            stored = tuple(f.claims)
+            if written[item_id] != len(f.claims):  # an earlier pass stored its claims first
+                stored = self.stored_claims(item_id)
+            became.append(replace(f.taken, claims=stored, waiting_since=None))
+        return became
+
+    def stored_claims(self, item_id: int) -> tuple[str, ...]:
+        """The claims an item has stored, in order."""
+        with self._db.single_statement() as conn:
+            return self._stored_claims(conn, item_id)
+
+    def _save_claims_in_steps(
+        self,
+        taken: Taken,
+        values: dict[str, Any],
+        claims: Sequence[str],
+        cache_hit: bool,
+        cache_key: str,
+    ) -> bool | None:
+        """save_claims in one transaction of several statements (SQLite)."""
+        with self._db.transaction() as conn:
             if not self._write_owned(conn, taken, values, "save_claims"):
-                return Skipped(SkipReason.NOT_OWNED)
+                return None
             if not cache_hit:
                 ClaimCache.write(conn, cache_key, claims)
             rows = [{"item_id": taken.item_id, "idx": i, "text": t} for i, t in enumerate(claims)]
             inserted = conn.execute(claims_insert(conn.dialect.name), rows).all()
-            stored = tuple(claims)
-            if len(inserted) != len(claims):
-                stored = self._stored_claims(conn, taken.item_id)
-        return Taken(**{**taken.to_message(), "claims": stored, "waiting_since": None})
+        return len(inserted) == len(claims)
 
     def hand_over(self, taken: Taken, new_owner: str) -> HandedOver | Skipped:
         """running → running under the owner token of the worker running the next stage, so
@@ -308,7 +536,7 @@ class ItemStore:
             return Skipped(SkipReason.NOT_OWNED)
         if contexts is None:  # the run's static context, stored once on the run
             contexts = self.run_context(taken.run_id)
-        return Taken(**{**taken.to_message(), "owner": new_owner}), list(contexts)
+        return replace(taken, owner=new_owner), list(contexts)
 
     def run_context(self, run_id: str) -> list[str]:
         """A run's static context ([] when it has none). It never changes, so a worker keeps
@@ -343,18 +571,12 @@ class ItemStore:
         context precision; the next pending item of the run is queued in its place. `usage` is
         what `stage` spent last, `relevance` what the context_relevance call spent."""
         values = succeeded_values(outcome, usage, stage, cache_hits, precision, relevance)
-        with (
-            self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)),
-            self._db.transaction() as conn,
-        ):
-            if not self._write_owned(conn, taken, values, "succeed"):
-                return Skipped(SkipReason.NOT_OWNED)
-            if precision is not None:
-                metrics.precision_scored(precision.mode)
-            if verdicts:
-                rows = verdict_rows(taken.item_id, taken.claims or (), verdicts)
-                conn.execute(verdicts_upsert(conn.dialect.name), rows)
-            return Ended(taken.run_id, self._release_next(conn, taken.run_id))
+        rows = verdict_rows(taken.item_id, taken.claims or (), verdicts) if verdicts else []
+        with self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)):
+            ended = self._end(taken, values, rows, "succeed")
+        if ended is not None and precision is not None:
+            metrics.precision_scored(precision.mode)
+        return Skipped(SkipReason.NOT_OWNED) if ended is None else ended
 
     def fail(
         self, taken: Taken, error: str, usage: Usage, stage: Stage, relevance: Usage = NO_USAGE
@@ -362,13 +584,44 @@ class ItemStore:
         """running → failed with its error; the next pending item is queued in its place.
         `relevance`: what a context_relevance call spent, beside `stage`'s `usage`."""
         values = failed_values(error, usage, stage, relevance)
-        with (
-            self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)),
-            self._db.transaction() as conn,
-        ):
-            if not self._write_owned(conn, taken, values, "fail"):
-                return Skipped(SkipReason.NOT_OWNED)
-            return Ended(taken.run_id, self._release_next(conn, taken.run_id))
+        with self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)):
+            ended = self._end(taken, values, [], "fail")
+        return Skipped(SkipReason.NOT_OWNED) if ended is None else ended
+
+    def _end(
+        self, taken: Taken, values: dict[str, Any], verdicts: list[dict[str, Any]], move: str
+    ) -> Ended | None:
+        """An item's end (`move`): its values, its claims' `verdicts` and the release of the
+        next pending items in its place, unless its pass no longer owns it (None)."""
+        if self._db.dialect != "postgresql":  # one transaction of several statements
+            with self._db.transaction() as conn:
+                if not self._write_owned(conn, taken, values, move):
+                    return None
+                if verdicts:
+                    conn.execute(verdicts_upsert(conn.dialect.name), verdicts)
+                return Ended(taken.run_id, self._release_next(conn, taken.run_id))
+        params = item_update_params(taken.item_id, values, taken.owner, ItemStatus.RUNNING)
+        params |= {
+            "b_verdicts": verdicts,
+            "b_run": taken.run_id,
+            "b_window": self.dispatch_window,
+            "b_group": self.release_group,
+            "b_lease": self.queue_lease(),
+        }
+        with self._db.single_statement() as conn:
+            row = conn.execute(ended_statement(frozenset(values)), params).one()
+        if not row.owned:
+            self._refuse(taken, values, move)
+            return None
+        metrics.items_moved(values["status"], 1)
+        released = tuple(sorted(row.released or ()))
+        if released:
+            metrics.items_moved(ItemStatus.QUEUED, len(released))
+        # Items still pending (as the statement started, less those it released) end only
+        # after this write commits, and each looks for the run's completion then: this item
+        # cannot be the run's last. (Were one released, run and ended within this very
+        # statement, the reaper's sweep, which dispatches every active run, completes it.)
+        return Ended(taken.run_id, released, pending_left=row.pending > len(released))
 
     def defer(
         self,
@@ -394,11 +647,8 @@ class ItemStore:
             "deferrals": 1,
             "waiting_since": waiting_since,
         }
-        with (
-            self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)),
-            self._db.transaction() as conn,
-        ):
-            if not self._write_owned(conn, taken, values, "defer"):
+        with self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)):
+            if not self._write_owned_alone(taken, values, "defer"):
                 return Skipped(SkipReason.NOT_OWNED)
         return Deferred(until)
 
@@ -476,6 +726,33 @@ class ItemStore:
             _refused(taken.item_id, move, taken.owner)
             charge_refused(conn, taken.item_id, taken.run_id, values)
         return bool(owned)
+
+    def _write_owned_alone(self, taken: Taken, values: dict[str, Any], move: str) -> bool:
+        """`_write_owned` as a write of its own: on Postgres one statement in autocommit (the
+        refusal's charge, rare, in a transaction after it)."""
+        if self._db.dialect != "postgresql":
+            with self._db.transaction() as conn:
+                return self._write_owned(conn, taken, values, move)
+        with self._db.single_statement() as conn:
+            owned = update_item(
+                conn, taken.item_id, values, owner=taken.owner, status=ItemStatus.RUNNING
+            )
+        if not owned:
+            self._refuse(taken, values, move)
+        return bool(owned)
+
+    def _refuse(self, taken: Taken, values: dict[str, Any], move: str) -> None:
+        """After a stage's end written in one statement found the item no longer its pass's:
+        the usage the refused write carried still counts (see `_write_owned`)."""
+        _refused(taken.item_id, move, taken.owner)
+        with self._db.transaction() as conn:
+            charge_refused(conn, taken.item_id, taken.run_id, values)
+
+    def _keep_unwritten(self, spent: Sequence[tuple[Taken, Usage]]) -> None:
+        """What `_charging` keeps, for extraction's end of several passes."""
+        for taken, usage in spent:
+            if usage != NO_USAGE:
+                self.spool.keep(Charge.new(taken.item_id, taken.run_id, Stage.EXTRACTION, usage))
 
     @contextmanager
     def _charging(self, taken: Taken, *spent: tuple[Usage, Stage]) -> Iterator[None]:

@@ -16,6 +16,9 @@ from typing import Any
 import yaml
 
 LEXICAL = "local/lexical"
+#: a model's `transport`: the lane recallq.judge.lanes picks (AUTO), or litellm whatever it is
+AUTO, LITELLM = "auto", "litellm"
+TRANSPORTS = (AUTO, LITELLM)
 
 
 @dataclass(frozen=True)
@@ -31,6 +34,9 @@ class ModelConfig:
     #: share of the online price a batch request saves (None: litellm's batch price when its
     #: price map has one, else 0.5)
     batch_discount: float | None = None
+    #: "litellm" sends every call through litellm, even where the direct lane could
+    #: (recallq.judge.lanes)
+    transport: str = AUTO
 
     def resolved_params(self) -> dict[str, Any]:
         """litellm params with `os.environ/NAME` values replaced by the variable's value; an
@@ -96,9 +102,20 @@ def load_models(path: Path | None) -> dict[str, ModelConfig]:
             rpm=entry.get("rpm"),
             tpm=entry.get("tpm"),
             extraction_pack=pack,
+            transport=_transport(entry),
             **_batch_fields(entry),
         )
     return models
+
+
+def _transport(entry: dict[str, Any]) -> str:
+    transport = entry.get("transport", AUTO)
+    if transport not in TRANSPORTS:
+        raise JudgeModelsError(
+            f"model {entry['name']}: transport must be one of {', '.join(TRANSPORTS)}, "
+            f"not {transport!r}"
+        )
+    return str(transport)
 
 
 def _batch_fields(entry: dict[str, Any]) -> dict[str, Any]:

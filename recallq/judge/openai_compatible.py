@@ -40,9 +40,6 @@ ERROR_BODY_BYTES = 64 * 1024
 #: An answer whose JSON escapes every character (\\uXXXX) is six times its text: a body within
 #: this many times the answer limit can always hold an answer the limit accepts.
 BODY_PER_ANSWER_BYTE = 6
-#: Beyond the cap, a body is read on (and dropped, but its tail, where the usage is) up to
-#: this many times the cap, for its usage; then the connection is closed.
-DRAIN_FACTOR = 4
 _TAIL_BYTES = 8 * 1024
 _USAGE = {
     name: re.compile(rb'"' + name.encode() + rb'"\s*:\s*(\d+)')
@@ -160,9 +157,9 @@ class OpenAICompatibleTransport:
 def _read_capped(
     response: httpx.Response, cap: int, deadline: float
 ) -> tuple[bytes | None, int, bytes]:
-    """The body when it is at most `cap` bytes (None otherwise), its size as read, and its
-    last bytes. A body over the cap is read on, and dropped, up to DRAIN_FACTOR times the cap:
-    its tail then still holds the usage; a longer one is cut there."""
+    """The body when it is at most `cap` bytes (None otherwise), its size, and its last bytes.
+    A body over the cap is read on to its end (within the call's timeout), and dropped but
+    for its tail, where the usage is: the call was billed all the same."""
     chunks: list[bytes] = []
     total = 0
     tail = b""
@@ -175,8 +172,6 @@ def _read_capped(
                 tail = b"".join(chunks)[-_TAIL_BYTES:]
                 chunks = []
             tail = (tail + chunk)[-_TAIL_BYTES:]
-            if total > DRAIN_FACTOR * cap:
-                return None, total, b""
         if time.monotonic() > deadline:  # a body that trickles in: the timeout is the call's
             raise httpx.ReadTimeout("the answer took longer than the timeout to arrive")
     if total > cap:

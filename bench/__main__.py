@@ -13,6 +13,7 @@ from typing import Any
 
 from bench import (
     bounds,
+    calls,
     harness,
     keda,
     metrics,
@@ -226,7 +227,7 @@ def main() -> None:
     parser.add_argument("--keda-ended-items", type=int, default=1_000_000, help="keda: ended")
     parser.add_argument("--keda-active-items", type=int, default=200_000, help="keda: biggest")
     sections = ["throughput", "cpu", "limit", "ragas", "cache", "big", "pages", "scrape", "streams"]
-    sections += ["bounds", "keda", "processes", "startup", "percore"]
+    sections += ["bounds", "keda", "processes", "startup", "percore", "calls"]
     parser.add_argument("--sections", nargs="+", default=sections, choices=sections)
     parser.add_argument("--big-latency-ms", type=float, default=20)
     parser.add_argument("--big-concurrency", type=int, default=16)
@@ -234,6 +235,7 @@ def main() -> None:
     parser.add_argument("--processes-latency-ms", type=float, default=20)
     startup.add_arguments(parser)
     percore.add_arguments(parser)
+    calls.add_arguments(parser)
     args = parser.parse_args()
 
     if "throughput" in args.sections:
@@ -273,6 +275,12 @@ def main() -> None:
         )
     if "keda" in args.sections:
         keda_table(args)
+    if "calls" in args.sections:
+        print_table(
+            f"CPU of one judge call (issue 29), in-process against the stub (no latency): "
+            f"medians of {args.calls_rounds} rounds of {args.calls_n} calls per path",
+            calls.rows(args),
+        )
     if "percore" in args.sections:
         print_table(
             f"Worker CPU per item (issue 29): one `recallq worker` (--processes "
@@ -358,7 +366,7 @@ def cpu_table(args: argparse.Namespace) -> None:
             (
                 harness.MODEL,
                 f"{llm:.1f}",
-                f"{split['calls_per_item']:.3f} HTTP calls via litellm + queue + database",
+                f"{split['calls_per_item']:.3f} HTTP calls (direct lane) + queue + database",
                 "",
             ),
             ("local/lexical", f"{lexical:.1f}", "queue + database, no HTTP", ""),
@@ -368,7 +376,7 @@ def cpu_table(args: argparse.Namespace) -> None:
     print_table(
         "CPU of one judge call, in-process against the stub",
         [
-            ("raw httpx POST (floor)", "recallq's litellm judge", "ratio", ""),
+            ("raw httpx POST (floor)", "recallq's judge, litellm lane", "ratio", ""),
             (
                 f"{split['raw_ms']:.2f} ms",
                 f"{split['litellm_ms']:.2f} ms",

@@ -62,7 +62,7 @@ def cpu_split(args: argparse.Namespace) -> dict[str, float]:
     extraction packed) and with the offline local/lexical judge (the same queue and database
     work, no HTTP)."""
     result = {}
-    with harness.environment(args.big_latency_ms) as env:
+    with harness.environment(args.big_latency_ms, transport=args.cpu_transport) as env:
         procs = [harness.start_worker(env["env"], args.big_concurrency)]
         api, url = harness.start_api(env["env"])
         for model in (harness.MODEL, "local/lexical"):
@@ -217,6 +217,9 @@ def main() -> None:
     parser.add_argument("--big", type=int, default=100_000, help="items of the big run (0: skip)")
     parser.add_argument("--submit-sizes", type=int, nargs="*", default=[10_000, 100_000])
     parser.add_argument("--cpu-items", type=int, default=2000, help="items per judge, cpu")
+    parser.add_argument(
+        "--cpu-transport", choices=["auto", "litellm"], default="auto", help="the stub's lane, cpu"
+    )
     parser.add_argument("--ragas-rpm", type=int, default=300, help="limit of the RAGAS setup")
     parser.add_argument("--ragas-items", type=int, default=400)
     parser.add_argument("--pages-items", type=int, default=100_000, help="items per run, pages")
@@ -355,6 +358,10 @@ def throughput_table(args: argparse.Namespace) -> None:
     )
 
 
+def _lane(args: argparse.Namespace) -> str:
+    return "direct" if args.cpu_transport == "auto" else "litellm"
+
+
 def cpu_table(args: argparse.Namespace) -> None:
     split = cpu_split(args)
     llm, lexical = split[harness.MODEL], split["local/lexical"]
@@ -366,7 +373,7 @@ def cpu_table(args: argparse.Namespace) -> None:
             (
                 harness.MODEL,
                 f"{llm:.1f}",
-                f"{split['calls_per_item']:.3f} HTTP calls (direct lane) + queue + database",
+                f"{split['calls_per_item']:.3f} HTTP calls ({_lane(args)} lane) + queue + database",
                 "",
             ),
             ("local/lexical", f"{lexical:.1f}", "queue + database, no HTTP", ""),

@@ -132,8 +132,8 @@ class LLMJudge:
         and is not carried)."""
         if completion.oversized_bytes is not None:
             problem = (
-                f"the judge's answer is over {completion.oversized_bytes:,} bytes, over the "
-                f"limit of {self._limits.answer_bytes:,} (RECALLQ_JUDGE_MAX_ANSWER_BYTES)"
+                f"the judge's response is {completion.oversized_bytes:,} bytes: its answer is "
+                f"over the limit of {self._limits.answer_bytes:,} (RECALLQ_JUDGE_MAX_ANSWER_BYTES)"
             )
             raise MalformedAnswer(schema, None, problem, completion.usage, repairable=False)
         try:

@@ -116,7 +116,7 @@ class OpenAICompatibleTransport:
             refused = any(isinstance(cause, ConnectionRefusedError) for cause in causes(exc))
             reason = CONNECTION_REFUSED if refused else CONNECTION_ERRORS
             raise TransientProviderError("APIConnectionError", _text(exc), reason) from None
-        except httpx.TransportError as exc:  # the connection broke, a body that cannot decode
+        except httpx.RequestError as exc:  # the connection broke, a body that cannot decode
             raise TransientProviderError(
                 "APIConnectionError", _text(exc), CONNECTION_ERRORS
             ) from None

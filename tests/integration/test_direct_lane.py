@@ -7,7 +7,9 @@ usage as the litellm lane gives for the same items."""
 from __future__ import annotations
 
 import email.utils
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -145,6 +147,7 @@ def test_a_body_over_what_the_lane_reads_is_not_kept_and_still_billed(clean_stub
     with pytest.raises(MalformedAnswer) as malformed:
         judge.extract_claims("Ada was born in 1815. STUB_HUGE_CLAIMS", "r")
     assert not malformed.value.repairable and malformed.value.answer is None
+    assert malformed.value.problem.startswith("the judge's response is ")
     assert "over the limit of 10,000 (RECALLQ_JUDGE_MAX_ANSWER_BYTES)" in malformed.value.problem
     counted = clean_stub.stats()["usage_by_schema"]["claim_extraction"]
     assert malformed.value.usage.prompt_tokens == counted["prompt_tokens"] > 0
@@ -255,3 +258,32 @@ def test_both_lanes_give_the_same_scores_verdicts_and_usage(
     for field in ("llm_calls", "prompt_tokens", "completion_tokens", "cost_usd"):
         assert direct.usage[field] == pytest.approx(via_litellm.usage[field]), field
     assert direct.usage["prompt_tokens"] > 0 and direct.usage["cost_usd"] > 0
+
+
+class _NotAChatCompletion(BaseHTTPRequestHandler):
+    """A server that answers 200 with a web page (a captive portal, a proxy's login page)."""
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers["content-length"]))
+        page = b"<html><body>Please sign in</body></html>"
+        self.send_response(200)
+        self.send_header("content-type", "text/html")
+        self.send_header("content-length", str(len(page)))
+        self.end_headers()
+        self.wfile.write(page)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_a_200_that_is_not_a_chat_completion_makes_the_item_wait() -> None:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotAChatCompletion)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        judge = _judge(f"http://127.0.0.1:{server.server_port}/v1")
+        with pytest.raises(ProviderUnavailable) as waits:
+            judge.extract_claims(GROUND_TRUTH, "r")
+    finally:
+        server.shutdown()
+    assert waits.value.reason == "provider unavailable"
+    assert "200 without a chat completion: <html>" in str(waits.value)

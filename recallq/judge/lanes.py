@@ -12,7 +12,6 @@ imports litellm.
 from __future__ import annotations
 
 import dataclasses
-import os
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
@@ -70,37 +69,32 @@ def build_transport(config: ModelConfig, max_answer_bytes: int) -> Transport:
 
     priced = dataclasses.replace(config, litellm_params=params)
     return OpenAICompatibleTransport(
-        _endpoint(config.name, params), prices.online_price(priced), max_answer_bytes
+        _endpoint(config, params), prices.online_price(priced), max_answer_bytes
     )
 
 
-def _endpoint(name: str, params: dict[str, Any]) -> Endpoint:
+def _endpoint(config: ModelConfig, params: dict[str, Any]) -> Endpoint:
     """Where the model's calls go, with litellm's defaults for its provider."""
     from recallq.judge.openai_compatible import Endpoint
 
     provider, model = params["model"].split("/", 1)
-    if provider == "hosted_vllm":
-        base = params.get("api_base") or os.environ.get("HOSTED_VLLM_API_BASE")
-        key = params.get("api_key") or os.environ.get("HOSTED_VLLM_API_KEY") or "fake-api-key"
-    else:
-        base = (
-            params.get("api_base")
-            or os.environ.get("OPENAI_BASE_URL")
-            or os.environ.get("OPENAI_API_BASE")
-            or OPENAI_BASE
-        )
-        key = params.get("api_key") or os.environ.get("OPENAI_API_KEY")
+    base = params.get("api_base") or config.provider_default("api_base")
+    key = params.get("api_key") or config.provider_default("api_key")
+    if provider == "openai":
+        base = base or OPENAI_BASE
+    elif not key:
+        key = "fake-api-key"  # litellm's for hosted_vllm: such servers often check no key
     if not base:
         raise JudgeModelsError(
-            f"model {name!r}: litellm_params.api_base is required (or HOSTED_VLLM_API_BASE)"
+            f"model {config.name!r}: litellm_params.api_base is required (or HOSTED_VLLM_API_BASE)"
         )
     if urlsplit(str(base)).scheme not in ("http", "https"):
         raise JudgeModelsError(
-            f"model {name!r}: litellm_params.api_base must be an http:// or https:// URL"
+            f"model {config.name!r}: litellm_params.api_base must be an http:// or https:// URL"
         )
     if not key:
         raise JudgeModelsError(
-            f"model {name!r}: no API key (litellm_params.api_key, or OPENAI_API_KEY)"
+            f"model {config.name!r}: no API key (litellm_params.api_key, or OPENAI_API_KEY)"
         )
     headers = {"Authorization": f"Bearer {key}"}
     if params.get("organization"):

@@ -19,6 +19,12 @@ LEXICAL = "local/lexical"
 #: a model's `transport`: the lane recallq.judge.lanes picks (AUTO), or litellm whatever it is
 AUTO, LITELLM = "auto", "litellm"
 TRANSPORTS = (AUTO, LITELLM)
+#: where litellm finds a provider's api_base and api_key that the models file does not give
+#: (the direct lane, recallq.judge.lanes, finds them there too)
+PROVIDER_ENVIRONMENT: dict[str, dict[str, tuple[str, ...]]] = {
+    "openai": {"api_base": ("OPENAI_BASE_URL", "OPENAI_API_BASE"), "api_key": ("OPENAI_API_KEY",)},
+    "hosted_vllm": {"api_base": ("HOSTED_VLLM_API_BASE",), "api_key": ("HOSTED_VLLM_API_KEY",)},
+}
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,15 @@ class ModelConfig:
             )
         return os.environ[variable]
 
+    def provider_default(self, param: str) -> str | None:
+        """The value litellm would take for `param` (api_base, api_key) from the environment
+        when the models file gives none: PROVIDER_ENVIRONMENT, the first variable set."""
+        provider = str(self.litellm_params.get("model", "")).split("/", 1)[0]
+        for variable in PROVIDER_ENVIRONMENT.get(provider, {}).get(param, ()):
+            if value := os.environ.get(variable):
+                return value
+        return None
+
     def secret_values(self) -> list[str]:
         """The resolved values of this model's params that may be secret: every value taken
         from the environment, and every value of a param whose name says secret (`api_key`,
@@ -69,6 +84,9 @@ class ModelConfig:
                 continue
             if isinstance(resolved, str):
                 found.append(resolved)
+        default_key = self.provider_default("api_key")
+        if "api_key" not in self.litellm_params and default_key:
+            found.append(default_key)  # the key the call sends all the same
         return found
 
 

@@ -287,3 +287,15 @@ def test_a_200_that_is_not_a_chat_completion_makes_the_item_wait() -> None:
         server.shutdown()
     assert waits.value.reason == "provider unavailable"
     assert "200 without a chat completion: <html>" in str(waits.value)
+
+
+def test_api_base_and_key_default_from_the_environment_as_litellms_do(
+    clean_stub, monkeypatch
+) -> None:
+    monkeypatch.setenv("OPENAI_BASE_URL", clean_stub.base_url)
+    monkeypatch.setenv("OPENAI_API_KEY", KEY)
+    config = ModelConfig("env", {"model": "openai/stub-judge"})
+    judge = LLMJudge(config, FAST_RETRIES, Unlimited(), OpenGate(), LocalCircuitBreaker(), 30)
+    assert judge.extract_claims(GROUND_TRUTH, "r").data["claims"]
+    assert clean_stub.calls()[-1]["key_suffix"] == KEY[-4:]
+    assert KEY in config.secret_values()  # redacted wherever the provider echoes it

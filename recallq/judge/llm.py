@@ -71,12 +71,11 @@ class LLMJudge:
         timeout: float,
         redact: Redactor | None = None,
         limits: protocol.AnswerLimits = protocol.DEFAULT_LIMITS,
-        transport: Transport | None = None,
     ) -> None:
         """`redact` takes secrets out of provider error text and out of answers before they
         are stored or logged (the runtime builds it with every configured key; without one,
         the key of this model and the usual patterns). `limits` bound what an answer may hold.
-        `transport`: how requests reach the provider (None: the model's lane)."""
+        The transport is the model's lane's (recallq.judge.lanes)."""
         self.name = config.name
         self._gate = gate
         self._breaker = breaker
@@ -84,10 +83,9 @@ class LLMJudge:
         self._limiter = limiter
         self._timeout = timeout
         self._limits = limits
-        self._redact = redact or Redactor(
-            value for value in config.resolved_params().values() if isinstance(value, str)
-        )
-        self._transport = transport or lanes.build_transport(config, limits.answer_bytes)
+        own = [value for value in config.resolved_params().values() if isinstance(value, str)]
+        self._redact = redact or Redactor([*own, *config.secret_values()])
+        self._transport: Transport = lanes.build_transport(config, limits.answer_bytes)
 
     def extract_claims(
         self, ground_truth: str, run_id: str, repair: Repair | None = None

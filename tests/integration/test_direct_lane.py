@@ -7,6 +7,7 @@ usage as the litellm lane gives for the same items."""
 from __future__ import annotations
 
 import email.utils
+import os
 import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -299,3 +300,37 @@ def test_api_base_and_key_default_from_the_environment_as_litellms_do(
     assert judge.extract_claims(GROUND_TRUTH, "r").data["claims"]
     assert clean_stub.calls()[-1]["key_suffix"] == KEY[-4:]
     assert KEY in config.secret_values()  # redacted wherever the provider echoes it
+
+
+@pytest.mark.parametrize("transport", ["auto", "litellm"])
+def test_a_worker_on_the_direct_lane_scores_a_run_without_importing_litellm(
+    service_env: dict[str, str], stub, tmp_path: Path, monkeypatch, transport: str
+) -> None:
+    """A real worker and API, each a new interpreter (not a fork of the tests' launcher, which
+    holds litellm already), with a litellm on the path that fails when imported: on the
+    direct lane the run scores every item; a worker with a model on the litellm lane does not
+    even start."""
+    from tests import launcher
+    from tests.integration.faults import make_items, submit
+    from tests.services import start_api, start_worker, wait_for_run, write_models_file
+
+    broken = tmp_path / "site" / "litellm"
+    broken.mkdir(parents=True)
+    (broken / "__init__.py").write_text('raise RuntimeError("litellm was imported")\n')
+    monkeypatch.setattr(launcher, "SPAWN", True)
+    path = os.pathsep.join(filter(None, [str(broken.parent), service_env.get("PYTHONPATH")]))
+    models = write_models_file(tmp_path, stub.base_url, transport=transport)
+    env = {**service_env, "RECALLQ_MODELS_FILE": str(models), "PYTHONPATH": path}
+    if transport == "litellm":  # the probe can tell: a worker with a model on litellm's lane
+        with pytest.raises(RuntimeError, match="litellm was imported"):  # imports it as it starts
+            start_worker(env, concurrency=4).stop()
+        return
+    worker = start_worker(env, concurrency=4)
+    api, url = start_api(env)
+    try:
+        run = wait_for_run(url, submit(url, make_items("nolitellm", 3)), timeout=120)
+    finally:
+        api.stop()
+        worker.stop()
+    assert run["counts"]["succeeded"] == 3, worker.output()[-3000:]
+    assert "litellm was imported" not in worker.output()

@@ -13,6 +13,7 @@ from typing import Any
 
 from bench import (
     bounds,
+    calls,
     harness,
     keda,
     metrics,
@@ -61,7 +62,7 @@ def cpu_split(args: argparse.Namespace) -> dict[str, float]:
     extraction packed) and with the offline local/lexical judge (the same queue and database
     work, no HTTP)."""
     result = {}
-    with harness.environment(args.big_latency_ms) as env:
+    with harness.environment(args.big_latency_ms, transport=args.cpu_transport) as env:
         procs = [harness.start_worker(env["env"], args.big_concurrency)]
         api, url = harness.start_api(env["env"])
         for model in (harness.MODEL, "local/lexical"):
@@ -224,6 +225,9 @@ def main() -> None:
     parser.add_argument("--big", type=int, default=100_000, help="items of the big run (0: skip)")
     parser.add_argument("--submit-sizes", type=int, nargs="*", default=[10_000, 100_000])
     parser.add_argument("--cpu-items", type=int, default=2000, help="items per judge, cpu")
+    parser.add_argument(
+        "--cpu-transport", choices=["auto", "litellm"], default="auto", help="the stub's lane, cpu"
+    )
     parser.add_argument("--ragas-rpm", type=int, default=300, help="limit of the RAGAS setup")
     parser.add_argument("--ragas-items", type=int, default=400)
     parser.add_argument("--pages-items", type=int, default=100_000, help="items per run, pages")
@@ -234,7 +238,7 @@ def main() -> None:
     parser.add_argument("--keda-ended-items", type=int, default=1_000_000, help="keda: ended")
     parser.add_argument("--keda-active-items", type=int, default=200_000, help="keda: biggest")
     sections = ["throughput", "cpu", "limit", "ragas", "cache", "big", "pages", "scrape", "streams"]
-    sections += ["bounds", "keda", "processes", "startup", "percore"]
+    sections += ["bounds", "keda", "processes", "startup", "percore", "calls"]
     parser.add_argument("--sections", nargs="+", default=sections, choices=sections)
     parser.add_argument("--big-latency-ms", type=float, default=20)
     parser.add_argument("--big-concurrency", type=int, default=16)
@@ -242,6 +246,7 @@ def main() -> None:
     parser.add_argument("--processes-latency-ms", type=float, default=20)
     startup.add_arguments(parser)
     percore.add_arguments(parser)
+    calls.add_arguments(parser)
     args = parser.parse_args()
 
     if "throughput" in args.sections:
@@ -281,6 +286,12 @@ def main() -> None:
         )
     if "keda" in args.sections:
         keda_table(args)
+    if "calls" in args.sections:
+        print_table(
+            f"CPU of one judge call (issue 29), in-process against the stub (no latency): "
+            f"medians of {args.calls_rounds} rounds of {args.calls_n} calls per path",
+            calls.rows(args),
+        )
     if "percore" in args.sections:
         print_table(
             f"Worker CPU per item (issue 29): one `recallq worker` (--processes "
@@ -355,6 +366,10 @@ def throughput_table(args: argparse.Namespace) -> None:
     )
 
 
+def _lane(args: argparse.Namespace) -> str:
+    return "direct" if args.cpu_transport == "auto" else "litellm"
+
+
 def cpu_table(args: argparse.Namespace) -> None:
     split = cpu_split(args)
     llm, lexical = split[harness.MODEL], split["local/lexical"]
@@ -366,7 +381,7 @@ def cpu_table(args: argparse.Namespace) -> None:
             (
                 harness.MODEL,
                 f"{llm:.1f}",
-                f"{split['calls_per_item']:.3f} HTTP calls via litellm + queue + database",
+                f"{split['calls_per_item']:.3f} HTTP calls ({_lane(args)} lane) + queue + database",
                 "",
             ),
             ("local/lexical", f"{lexical:.1f}", "queue + database, no HTTP", ""),
@@ -376,7 +391,7 @@ def cpu_table(args: argparse.Namespace) -> None:
     print_table(
         "CPU of one judge call, in-process against the stub",
         [
-            ("raw httpx POST (floor)", "recallq's litellm judge", "ratio", ""),
+            ("raw httpx POST (floor)", "recallq's judge, litellm lane", "ratio", ""),
             (
                 f"{split['raw_ms']:.2f} ms",
                 f"{split['litellm_ms']:.2f} ms",

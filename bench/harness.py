@@ -33,19 +33,24 @@ launcher.SPAWN = True
 
 
 @contextmanager
-def environment(latency_ms: float, rpm: int | None = None, **extra: str) -> Iterator[dict]:
-    """A stub server and a migrated database; yields the env for recallq processes."""
+def environment(
+    latency_ms: float, rpm: int | None = None, transport: str = "auto", **extra: str
+) -> Iterator[dict]:
+    """A stub server and a migrated database; yields the env for recallq processes. The
+    stub's model takes `transport` (recallq.judge.lanes: "auto" is the direct lane)."""
     with (
         StubServer(latency_ms=latency_ms, record_messages=False) as stub,
         migrated_database() as db,
     ):
         directory = Path(tempfile.mkdtemp(prefix="recallq-bench-"))
-        limits = {"rpm": rpm} if rpm else {}
+        fields: dict[str, int | str] = {"rpm": rpm} if rpm else {}
+        if transport != "auto":
+            fields["transport"] = transport
         env = {
             **os.environ,
             "RECALLQ_DATABASE_URL": db,
             "RECALLQ_REDIS_URL": redis_database(13),
-            "RECALLQ_MODELS_FILE": str(write_models_file(directory, stub.base_url, **limits)),
+            "RECALLQ_MODELS_FILE": str(write_models_file(directory, stub.base_url, **fields)),
             "STUB_API_KEY": "sk-bench",
             "LITELLM_LOCAL_MODEL_COST_MAP": "True",
             # measured as a lab: no keys, no limits per client

@@ -78,7 +78,7 @@ def raw_http_cpu_ms(stub_base_url: str, calls: int = 300) -> float:
 
 
 def litellm_cpu_ms(stub_base_url: str, calls: int = 200) -> float:
-    """CPU of one call through recallq's litellm judge (litellm's own cost included)."""
+    """CPU of one call through recallq's judge on its litellm lane (litellm's cost included)."""
     os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
     from recallq.coordination.breaker import LocalCircuitBreaker
     from recallq.coordination.call_gate import OpenGate
@@ -86,11 +86,12 @@ def litellm_cpu_ms(stub_base_url: str, calls: int = 200) -> float:
     from recallq.core.usage import Usage
     from recallq.judge.backoff import Backoff
     from recallq.judge.llm import LLMJudge
-    from recallq.judge.models import ModelConfig
+    from recallq.judge.models import LITELLM, ModelConfig
 
     config = ModelConfig(
         "stub-judge",
         {"model": "openai/stub-judge", "api_base": stub_base_url, "api_key": "sk-bench"},
+        transport=LITELLM,
     )
     judge = LLMJudge(config, Backoff(), Unlimited(), OpenGate(), LocalCircuitBreaker(), 60)
     for _ in range(20):

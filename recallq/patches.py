@@ -4,7 +4,10 @@ Each patch is guarded (applied once, skipped when the patched name is gone), nam
 version it was checked against (pinned in pyproject.toml), and has a test that fails without
 it. A library upgrade that moves an internal shows up here and in those tests, nowhere else.
 
-- litellm (checked against 1.110.2), applied by `prepare_litellm()` before the first call:
+- litellm (checked against 1.110.2), applied by `prepare_litellm()` where litellm is imported
+  to be called: the litellm transport (recallq.judge.litellm_transport, for models that do not
+  take the direct OpenAI-compatible lane: recallq.judge.lanes) and the batch lane. A process
+  whose models all take the direct lane neither imports litellm nor patches it:
   - no price-map search for models litellm has no price for: about 3.5 ms of CPU per call,
     a quarter of its overhead (tests/integration/test_llm_judge.py, the pricing test);
   - no event loop per call for "service callbacks" when none is registered

@@ -65,6 +65,8 @@ PRELOAD = (
     "recallq.evaluation",
     "recallq.client",
     "recallq.judge.llm",
+    "recallq.judge.openai_compatible",
+    "recallq.judge.litellm_transport",
     "recallq.batch.litellm_files",
     "api.app",
     "worker.celery_app",

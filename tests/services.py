@@ -201,7 +201,8 @@ def redis_database(index: int) -> str:
     return url
 
 
-def write_models_file(directory: Path, stub_base_url: str, **limits: int) -> Path:
+def write_models_file(directory: Path, stub_base_url: str, **fields: int | str) -> Path:
+    """The stub's model `stub-judge`, with `fields` of its entry (`rpm=`, `transport=`)."""
     path = directory / "models.yaml"
     lines = [
         "models:",
@@ -211,7 +212,7 @@ def write_models_file(directory: Path, stub_base_url: str, **limits: int) -> Pat
         f"      api_base: {stub_base_url}",
         "      api_key: os.environ/STUB_API_KEY",
     ]
-    lines += [f"    {key}: {value}" for key, value in limits.items()]
+    lines += [f"    {key}: {value}" for key, value in fields.items()]
     path.write_text("\n".join(lines) + "\n")
     return path
 

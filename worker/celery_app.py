@@ -1,8 +1,9 @@
 """The worker's Celery app and the state its tasks share.
 
     prepare(settings)      once, where `recallq worker` starts, before it forks its
-                           processes: the library patches (litellm), the app configured for
-                           the broker, its tasks and Celery's worker imported
+                           processes: the library patches (litellm's when a model
+                           takes its lane), the app configured for the broker, its
+                           tasks and Celery's worker imported
     start(settings, ...)   in each process: its state (`WorkerState`: its runtime, the
                            messages it holds, the items it hands back), its metrics page
     run(...)               in each process: Celery's worker, M threads, until it stops
@@ -31,6 +32,8 @@ from recallq.core.redact import install_log_redaction
 from recallq.execution import celery_queue as broker
 from recallq.execution.reaper import HandBack
 from recallq.execution.runtime import Runtime
+from recallq.judge import lanes
+from recallq.judge.models import JudgeModelsError, batch_models, load_models
 from recallq.observability import gauges as metrics_state
 from recallq.observability import metrics
 from recallq.runs.run_views import keep_view
@@ -80,15 +83,26 @@ _IMPORTED_AS_A_WORKER_STARTS = (
 def prepare(settings: Settings) -> Celery:
     """What every worker process shares, done once before they are forked: they start in a
     fraction of a second, and share these pages with each other instead of a copy each
-    (litellm alone is 4-6 s of CPU and 150 MiB)."""
+    (litellm alone is 4-6 s of CPU and 150 MiB, imported only when a model needs it)."""
     patches.prepare_kombu()
-    patches.prepare_litellm()
+    if _calls_litellm(settings):
+        importlib.import_module("recallq.judge.litellm_transport")  # litellm, patched
     broker.configure(app, settings.redis_url)
     app.loader.import_default_modules()  # the tasks and the housekeeping's signal handlers
     app.finalize(auto=True)
     for module in _IMPORTED_AS_A_WORKER_STARTS:
         importlib.import_module(module)
     return app
+
+
+def _calls_litellm(settings: Settings) -> bool:
+    """Whether a model of the models file takes the litellm lane (recallq.judge.lanes) or may
+    use the provider Batch API (the batch lane speaks through litellm)."""
+    try:
+        models = load_models(settings.models_file)
+    except JudgeModelsError:
+        return True  # the runtime says what is wrong with the file, as it did before
+    return lanes.needs_litellm(models.values()) or bool(batch_models(models))
 
 
 def start(

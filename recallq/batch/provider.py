@@ -12,8 +12,9 @@ ENDPOINT = "/v1/chat/completions"
 
 
 def is_transient(status: int | None) -> bool:
-    """Whether a provider's HTTP status is worth another try, as online (recallq.judge.llm):
-    429, 408, 409, 5xx, and no status at all (the request was never run)."""
+    """Whether a provider's HTTP status is worth another try, as online (the direct lane,
+    recallq.judge.openai_compatible): 429, 408, 409, 5xx, and no status at all (the request
+    was never run)."""
     return status is None or status in (408, 409, 429) or status >= 500
 
 

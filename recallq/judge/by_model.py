@@ -62,7 +62,7 @@ class JudgeRegistry:
         config = self.models.get(name)
         if config is None:
             raise PermanentJudgeError(f"model {name!r} is not in this worker's models file")
-        from recallq.judge.llm import LLMJudge  # imports litellm: only where a model is called
+        from recallq.judge.llm import LLMJudge  # a model on the litellm lane imports litellm
 
         try:
             limiter = self._limiter_for(config)

@@ -1,22 +1,21 @@
-"""The litellm adapter: any provider in the models file, speaking judge protocol v1.
+"""An LLM judge: any model of the models file, speaking judge protocol v1.
 
-Importing this module imports litellm (about 6 s of CPU): only code that calls a model does.
-The only retry loop for judge calls lives in recallq.judge.backoff; litellm's and the OpenAI SDK's
-own retries are switched off here so attempts never multiply. A judge call is one call (limits,
-call gate, circuit breaker, retries); an answer not in the schema's shape raises
-MalformedAnswer, and whether to send a repair request is recallq.pipeline's decision.
+A judge call is one call (rate limiter, call gate, circuit breaker, retries, usage and spend,
+metrics, and what a failure means): all of that is here, whichever transport carries the
+request (recallq.judge.lanes picks it: the direct OpenAI-compatible lane, or litellm). The only
+retry loop for judge calls lives in recallq.judge.backoff; the transports retry nothing. An
+answer not in the schema's shape raises MalformedAnswer, and whether to send a repair request
+is recallq.pipeline's decision. Importing this module imports no provider library.
 """
 
 from __future__ import annotations
 
-import os
 import random
 import time
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from recallq import patches
 from recallq.coordination.after_answer import after_answer, unreachable
 from recallq.coordination.breaker import CircuitBreaker, Open, Probe
 from recallq.coordination.call_gate import CallGate
@@ -31,76 +30,19 @@ from recallq.core.errors import (
 )
 from recallq.core.redact import Redactor
 from recallq.core.usage import Usage
-from recallq.judge import protocol
+from recallq.judge import lanes, protocol
 from recallq.judge.backoff import Backoff, call_with_backoff
 from recallq.judge.base import JudgeReply, PackedReply, Repair
 from recallq.judge.models import ModelConfig
+from recallq.judge.transport import (
+    Answer,
+    PermanentProviderError,
+    ProviderError,
+    RateLimitedByProvider,
+    TransientProviderError,
+    Transport,
+)
 from recallq.observability import metrics
-
-os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")  # no network fetch at import
-
-import httpx
-import litellm  # after the variable above
-import openai
-
-_TRANSIENT = (
-    litellm.RateLimitError,
-    litellm.Timeout,
-    litellm.APIConnectionError,
-    litellm.InternalServerError,
-    litellm.ServiceUnavailableError,
-    litellm.BadGatewayError,
-)
-_PERMANENT = (
-    litellm.ContextWindowExceededError,
-    litellm.BadRequestError,
-    litellm.AuthenticationError,
-    litellm.PermissionDeniedError,
-    litellm.NotFoundError,
-    litellm.UnprocessableEntityError,
-)
-
-
-def _retry_after(exc: Exception) -> float | None:
-    response = getattr(exc, "response", None)
-    headers = getattr(response, "headers", None) or getattr(exc, "headers", None) or {}
-    try:
-        value = headers.get("retry-after") or headers.get("Retry-After")
-        return float(value) if value is not None else None
-    except (TypeError, ValueError, AttributeError):
-        return None
-
-
-def _reason(exc: Exception) -> str:
-    """What a transient failure means, in the words the run shows while it waits."""
-    if isinstance(exc, litellm.RateLimitError):
-        return "rate limited (429)"
-    if isinstance(exc, litellm.Timeout):
-        return "timeouts"
-    causes = _causes(exc)
-    if any(isinstance(cause, ConnectionRefusedError) for cause in causes):
-        # litellm reports a refused connection as a 500: it is nothing listening at api_base
-        return "connection refused (is the model's api_base right?)"
-    if isinstance(exc, litellm.APIConnectionError) or any(
-        isinstance(cause, httpx.ConnectError | openai.APIConnectionError) for cause in causes
-    ):
-        return "connection errors"
-    status = getattr(exc, "status_code", None)
-    return f"provider unavailable ({status})" if status else "provider unavailable"
-
-
-def _causes(exc: BaseException, depth: int = 10) -> list[BaseException]:
-    """What `exc` was raised from (litellm wraps the HTTP client's error in its own)."""
-    found: list[BaseException] = []
-    cause = exc.__cause__ or exc.__context__
-    while cause is not None and len(found) < depth:
-        found.append(cause)
-        cause = cause.__cause__ or cause.__context__
-    return found
-
-
-#: litellm params that price a model litellm's own price map does not know
-PRICE_PARAMS = ("input_cost_per_token", "output_cost_per_token")
 
 
 def _estimate_tokens(messages: list[dict[str, str]]) -> int:
@@ -114,6 +56,8 @@ class Completion:
     content: str | None
     finish_reason: str | None
     usage: Usage
+    #: the response was over the size the transport reads (Answer.oversized_bytes)
+    oversized_bytes: int | None = None
 
 
 class LLMJudge:
@@ -130,42 +74,18 @@ class LLMJudge:
     ) -> None:
         """`redact` takes secrets out of provider error text and out of answers before they
         are stored or logged (the runtime builds it with every configured key; without one,
-        the key of this model and the usual patterns). `limits` bound what an answer may hold."""
-        patches.prepare_litellm()
+        the key of this model and the usual patterns). `limits` bound what an answer may hold.
+        The transport is the model's lane's (recallq.judge.lanes)."""
         self.name = config.name
         self._gate = gate
         self._breaker = breaker
-        self._params = config.resolved_params()
         self._policy = policy
         self._limiter = limiter
         self._timeout = timeout
         self._limits = limits
-        self._redact = redact or Redactor(
-            value for value in self._params.values() if isinstance(value, str)
-        )
-        model = self._params["model"]
-        # priced by litellm's map, or by prices the models file gives (litellm uses them)
-        self._priced = (
-            model in litellm.model_cost
-            or model.split("/", 1)[-1] in litellm.model_cost
-            or any(self._params.get(name) is not None for name in PRICE_PARAMS)
-        )
-        names = (model, model.split("/", 1)[-1])
-        if self._priced:
-            patches.mark_priced(*names)
-        else:
-            patches.mark_unpriced(*names)
-        self._warm_up()
-
-    def _warm_up(self) -> None:
-        """litellm initialises lazily on its first call (hundreds of ms). Do it now, offline:
-        otherwise first calls that waited for it leave together, bunching the rate limit's
-        evenly spaced slots into a burst."""
-        litellm.completion(
-            **self._params,
-            messages=[{"role": "user", "content": "warm-up"}],
-            mock_response='{"claims": []}',
-        )
+        own = [value for value in config.resolved_params().values() if isinstance(value, str)]
+        self._redact = redact or Redactor([*own, *config.secret_values()])
+        self._transport: Transport = lanes.build_transport(config, limits.answer_bytes)
 
     def extract_claims(
         self, ground_truth: str, run_id: str, repair: Repair | None = None
@@ -208,6 +128,12 @@ class LLMJudge:
         """The answer parsed within the limits, every configured secret out of it; else
         MalformedAnswer, charged with the call (an answer over the limits is not repairable,
         and is not carried)."""
+        if completion.oversized_bytes is not None:
+            problem = (
+                f"the judge's response is {completion.oversized_bytes:,} bytes: its answer is "
+                f"over the limit of {self._limits.answer_bytes:,} (RECALLQ_JUDGE_MAX_ANSWER_BYTES)"
+            )
+            raise MalformedAnswer(schema, None, problem, completion.usage, repairable=False)
         try:
             return protocol.parse_answer(
                 schema, completion.content, completion.finish_reason, self._limits, self._redact
@@ -228,44 +154,38 @@ class LLMJudge:
         estimate = _estimate_tokens(messages)
         stage = protocol.STAGE_OF[schema]
 
-        def attempt() -> Any:
+        def attempt() -> Answer:
             probe: Probe | None = None
             sent = 0.0
             try:
                 probe = self._may_call()
                 if probe is None:  # one probe goes whatever the limiter says: it must learn
                     self._limiter.acquire(self.name, estimate)
-                with self._gate.call(run_id), patches.without_litellm_callbacks():
+                with self._gate.call(run_id):
                     sent = time.monotonic()
-                    response = litellm.completion(
-                        **self._params,
-                        messages=messages,
-                        response_format=protocol.response_format(schema),
-                        temperature=0,
-                        timeout=self._timeout,
-                        num_retries=0,
-                        max_retries=0,
+                    answer = self._transport.complete(
+                        messages, protocol.response_format(schema), self._timeout
                     )
-            except _TRANSIENT as exc:
+            except TransientProviderError as exc:
                 metrics.judge_call(self.name, stage, "transient_error", time.monotonic() - sent)
-                reason, retry_after = _reason(exc), _retry_after(exc)
-                if isinstance(exc, litellm.RateLimitError):
+                if isinstance(exc, RateLimitedByProvider):
                     metrics.provider_rate_limited(self.name)
-                    penalise = partial(self._limiter.penalise, self.name, retry_after)
+                    penalise = partial(self._limiter.penalise, self.name, exc.retry_after)
                     after_answer("the rate limiter's penalty", penalise)
                 failure = partial(
-                    self._breaker.record_failure, self.name, reason, retry_after, probe
+                    self._breaker.record_failure, self.name, exc.reason, exc.retry_after, probe
                 )
                 after_answer("the circuit breaker's record", failure)
                 raise TransientJudgeError(
-                    f"{type(exc).__name__}: {_clean(exc, self._redact)}", reason, retry_after
+                    self._said(exc), exc.reason, exc.retry_after
                 ) from None  # the provider's text, unredacted, stays out of every traceback
-            except _PERMANENT as exc:  # the provider answered: it is up, this call is wrong
+            except (
+                PermanentProviderError
+            ) as exc:  # the provider answered: it is up, this call is wrong
                 metrics.judge_call(self.name, stage, "permanent_error", time.monotonic() - sent)
                 record = partial(self._breaker.record_success, self.name, probe)
                 after_answer("the circuit breaker's record", record)
-                message = f"{type(exc).__name__}: {_clean(exc, self._redact)}"
-                raise PermanentJudgeError(message) from None
+                raise PermanentJudgeError(self._said(exc)) from None
             except JudgeError:  # not sent (no rate-limit room, a cancelled run)
                 if probe is not None:
                     self._breaker.release(self.name, probe)
@@ -284,22 +204,22 @@ class LLMJudge:
             metrics.judge_call(self.name, stage, answered, time.monotonic() - sent)
             record = partial(self._breaker.record_success, self.name, probe)
             after_answer("the circuit breaker's record", record)
-            return response
+            return answer
 
-        response, attempts = call_with_backoff(attempt, self._policy)
-        reported = getattr(response, "usage", None)
-        prompt = getattr(reported, "prompt_tokens", 0) or 0
-        completion = getattr(reported, "completion_tokens", 0) or 0
+        answer, attempts = call_with_backoff(attempt, self._policy)
+        prompt, completion, cost = answer.prompt_tokens, answer.completion_tokens, answer.cost
         # the answer was billed: nothing after it may drop it (recallq.coordination.after_answer)
         settle = partial(self._limiter.settle, self.name, estimate, prompt + completion)
         after_answer("the rate limiter's correction", settle)
-        cost = float(response._hidden_params.get("response_cost") or 0.0) if self._priced else 0.0
         tokens = prompt + completion
         after_answer("the run's spend", partial(self._gate.charge, run_id, cost, tokens))
         metrics.judge_usage(self.name, stage, prompt, completion, cost)
-        choice = response.choices[0]
         usage = Usage(1, prompt, completion, cost) + attempts
-        return Completion(choice.message.content, choice.finish_reason, usage)
+        return Completion(answer.content, answer.finish_reason, usage, answer.oversized_bytes)
+
+    def _said(self, exc: ProviderError) -> str:
+        """What the provider said, as users read it: its kind, then its message redacted."""
+        return f"{exc.kind}: {_clean(exc.message, self._redact)}"
 
     def _may_call(self) -> Probe | None:
         """Whether the model's circuit breaker lets a call go: None (closed) or the probe;
@@ -316,9 +236,8 @@ class LLMJudge:
         return decision if isinstance(decision, Probe) else None
 
 
-def _clean(exc: Exception, redact: Redactor) -> str:
+def _clean(message: str, redact: Redactor) -> str:
     """The provider's message without litellm's long hints, and without secrets: providers
     echo the request's Authorization header in their 401 messages. Redacted before it is
     cut, so a cut never leaves half a key behind."""
-    message = redact(str(getattr(exc, "message", None) or exc))
-    return message.split("\n", 1)[0][:300]
+    return redact(message).split("\n", 1)[0][:300]

@@ -16,6 +16,15 @@ from typing import Any
 import yaml
 
 LEXICAL = "local/lexical"
+#: a model's `transport`: the lane recallq.judge.lanes picks (AUTO), or litellm whatever it is
+AUTO, LITELLM = "auto", "litellm"
+TRANSPORTS = (AUTO, LITELLM)
+#: where litellm finds a provider's api_base and api_key that the models file does not give
+#: (the direct lane, recallq.judge.lanes, finds them there too)
+PROVIDER_ENVIRONMENT: dict[str, dict[str, tuple[str, ...]]] = {
+    "openai": {"api_base": ("OPENAI_BASE_URL", "OPENAI_API_BASE"), "api_key": ("OPENAI_API_KEY",)},
+    "hosted_vllm": {"api_base": ("HOSTED_VLLM_API_BASE",), "api_key": ("HOSTED_VLLM_API_KEY",)},
+}
 
 
 @dataclass(frozen=True)
@@ -31,6 +40,9 @@ class ModelConfig:
     #: share of the online price a batch request saves (None: litellm's batch price when its
     #: price map has one, else 0.5)
     batch_discount: float | None = None
+    #: "litellm" sends every call through litellm, even where the direct lane could
+    #: (recallq.judge.lanes)
+    transport: str = AUTO
 
     def resolved_params(self) -> dict[str, Any]:
         """litellm params with `os.environ/NAME` values replaced by the variable's value; an
@@ -48,6 +60,15 @@ class ModelConfig:
             )
         return os.environ[variable]
 
+    def provider_default(self, param: str) -> str | None:
+        """The value litellm would take for `param` (api_base, api_key) from the environment
+        when the models file gives none: PROVIDER_ENVIRONMENT, the first variable set."""
+        provider = str(self.litellm_params.get("model", "")).split("/", 1)[0]
+        for variable in PROVIDER_ENVIRONMENT.get(provider, {}).get(param, ()):
+            if value := os.environ.get(variable):
+                return value
+        return None
+
     def secret_values(self) -> list[str]:
         """The resolved values of this model's params that may be secret: every value taken
         from the environment, and every value of a param whose name says secret (`api_key`,
@@ -63,6 +84,9 @@ class ModelConfig:
                 continue
             if isinstance(resolved, str):
                 found.append(resolved)
+        default_key = self.provider_default("api_key")
+        if "api_key" not in self.litellm_params and default_key:
+            found.append(default_key)  # the key the call sends all the same
         return found
 
 
@@ -96,9 +120,20 @@ def load_models(path: Path | None) -> dict[str, ModelConfig]:
             rpm=entry.get("rpm"),
             tpm=entry.get("tpm"),
             extraction_pack=pack,
+            transport=_transport(entry),
             **_batch_fields(entry),
         )
     return models
+
+
+def _transport(entry: dict[str, Any]) -> str:
+    transport = entry.get("transport", AUTO)
+    if transport not in TRANSPORTS:
+        raise JudgeModelsError(
+            f"model {entry['name']}: transport must be one of {', '.join(TRANSPORTS)}, "
+            f"not {transport!r}"
+        )
+    return str(transport)
 
 
 def _batch_fields(entry: dict[str, Any]) -> dict[str, Any]:

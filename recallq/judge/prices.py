@@ -24,6 +24,8 @@ from typing import Any
 from recallq.judge.models import ModelConfig
 
 PRICE_MAP_FILE = "model_prices_and_context_window_backup.json"
+#: litellm params that price a model (litellm bills with them too)
+PRICE_PARAMS = ("input_cost_per_token", "output_cost_per_token")
 #: Share of the online price a provider's Batch API saves when nothing says otherwise.
 DEFAULT_BATCH_DISCOUNT = 0.5
 

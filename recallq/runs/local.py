@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from recallq.core.status import PUBLIC_ITEM_ENDED, RUN_ENDED, PublicItemStatus, RunStatus
+from recallq.judge import lanes
 from recallq.judge.models import LEXICAL
 from recallq.settings import DEFAULT_RETRY_DEADLINE, Settings
 from recallq.viewer import text as display
@@ -66,13 +67,14 @@ def local_runtime(settings: Settings, concurrency: int) -> tuple[Runtime, LocalR
 
 def check_model(runtime: Runtime, model: str) -> None:
     """Before anything starts: the model is known and its settings resolve here (this process
-    is the worker, so a key missing from its environment would fail every item), and the
-    client an LLM judge calls it with is installed (the `llm` extra)."""
+    is the worker, so a key missing from its environment would fail every item), and litellm
+    is installed (the `llm` extra) when the model takes its lane (recallq.judge.lanes)."""
     from recallq import extras
     from recallq.runs import ingest
 
-    runtime.models[ingest.require_known_model(model, runtime.models)].resolved_params()
-    if model != LEXICAL and model not in runtime.judges_given:
+    config = runtime.models[ingest.require_known_model(model, runtime.models)]
+    config.resolved_params()
+    if model not in runtime.judges_given and lanes.needs_litellm([config]):
         extras.require("litellm", f"the judge {model}")
 
 
@@ -221,10 +223,12 @@ class JudgeClientLoad:
     judge (its first, offline call) cost 6-10 s of CPU, and meanwhile the progress line shows
     and Ctrl-C stops the command at once. The thread is the one importer of litellm: `process`
     hands the runner no item before the load is done, so no judge call can find a module
-    half-imported."""
+    half-imported. A model on the direct lane (recallq.judge.lanes) needs no litellm: its
+    load is milliseconds."""
 
-    def __init__(self, build: Callable[[], object]) -> None:
+    def __init__(self, build: Callable[[], object], litellm: bool = True) -> None:
         self._build = build
+        self._litellm = litellm
         self._done = threading.Event()
         self._error: Exception | None = None
         # No garbage collection until it is loaded: litellm's import makes hundreds of
@@ -232,8 +236,9 @@ class JudgeClientLoad:
         # CPU (here 3.6-4.0 s with, 2.4-3.1 s without). Nor can the waiting thread run a
         # collection then (the count is the interpreter's), where a Ctrl-C could land in an
         # object's finaliser and be lost: Python ignores an exception raised there.
-        self._collecting = gc.isenabled()
-        gc.disable()
+        self._collecting = gc.isenabled() and litellm
+        if litellm:
+            gc.disable()
         threading.Thread(target=self._load, name="recallq-judge-client", daemon=True).start()
 
     def _load(self) -> None:
@@ -246,9 +251,8 @@ class JudgeClientLoad:
 
     def _import_and_build(self) -> None:
         try:
-            from recallq import patches
-
-            patches.prepare_litellm()
+            if self._litellm:
+                import recallq.judge.litellm_transport  # litellm, patched
             import recallq.judge.llm  # noqa: F401
         except Exception as exc:  # raised in the thread that waits for it
             self._error = exc
@@ -310,8 +314,10 @@ def process(
 
     try:
         if _calls_a_model(runtime, view):
-            client = JudgeClientLoad(partial(runtime.judges.get, view["model"]))
-            show(view, LOADING_JUDGE_CLIENT)
+            config = runtime.models.get(view["model"])
+            litellm = config is None or lanes.needs_litellm([config])
+            client = JudgeClientLoad(partial(runtime.judges.get, view["model"]), litellm)
+            show(view, LOADING_JUDGE_CLIENT if litellm else None)
             while not client.wait(0.5):
                 bar.refresh()  # its clock moves on
         runner.send_dispatch(run_id)
@@ -336,7 +342,7 @@ def process(
 
 
 def _calls_a_model(runtime: Runtime, view: dict[str, Any]) -> bool:
-    """Whether scoring this run calls a model through litellm: it has not ended, and its judge
+    """Whether scoring this run calls a model: it has not ended, and its judge
     is neither the offline one nor one given ready-made (tests' doubles)."""
     model = view["model"]
     return (

@@ -85,11 +85,13 @@ def test_the_first_command_and_the_local_client_commands_import_no_server_nor_ll
         assert modules & (HEAVY | {"httpx"}) == set(), command
 
 
-def _llm_env(tmp_path: Path, stub: Any, **extra: str) -> dict[str, str]:
+def _llm_env(tmp_path: Path, stub: Any, transport: str = "litellm", **extra: str) -> dict[str, str]:
+    """A local run's environment with the stub's model, on the litellm lane unless told."""
+    models = write_models_file(tmp_path, stub.base_url, transport=transport)
     return _env(
         {
             "RECALLQ_DATABASE_URL": f"sqlite:///{tmp_path / 'local.db'}",
-            "RECALLQ_MODELS_FILE": str(write_models_file(tmp_path, stub.base_url)),
+            "RECALLQ_MODELS_FILE": str(models),
             "STUB_API_KEY": "sk-stub-secret",
             **extra,
         }
@@ -146,6 +148,58 @@ def test_a_judge_client_that_fails_to_load_is_one_line(tmp_path: Path, clean_stu
     assert clean_stub.calls() == []
 
 
+def test_a_run_whose_model_takes_the_direct_lane_never_imports_litellm(
+    tmp_path: Path, clean_stub
+) -> None:
+    """Issue 29: an OpenAI-compatible model's calls go over the direct lane; the run scores
+    its items with neither litellm nor the OpenAI SDK in the process (the same run on the
+    litellm lane imports both: the probe can tell)."""
+    items = str(_items(tmp_path, 3))
+    for transport, imported in (("auto", set()), ("litellm", LLM)):
+        done = subprocess.run(
+            [sys.executable, "-c", _PROBE, "run", items, "--model", "stub-judge", "--quiet"],
+            cwd=tmp_path,
+            env=_llm_env(tmp_path, clean_stub, transport),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        probe = json.loads(done.stdout.splitlines()[-1])
+        assert probe["code"] == 0, done.stderr
+        assert set(probe["modules"]) & LLM == imported, transport
+        assert len(clean_stub.calls()) >= 2  # extraction, then attribution: really called
+        clean_stub.reset()
+        (tmp_path / "local.db").unlink()
+
+
+_WORKER_PROBE = """
+import json, sys
+from recallq.settings import Settings
+from worker import celery_app
+celery_app.prepare(Settings())
+print(json.dumps(sorted({name.split(".")[0] for name in sys.modules})), file=sys.__stdout__)
+"""
+
+
+def test_a_worker_whose_models_take_the_direct_lane_never_imports_litellm(tmp_path: Path) -> None:
+    """What a worker imports before it forks its processes: litellm (patched) only when a
+    model takes its lane or may use the Batch API (the batch lane speaks litellm)."""
+    base = "http://127.0.0.1:1/v1"
+    for extra, imported in (({}, set()), ({"transport": "litellm"}, LLM), ({"batch": "true"}, LLM)):
+        models = write_models_file(tmp_path, base, **extra)
+        done = subprocess.run(
+            [sys.executable, "-c", _WORKER_PROBE],
+            cwd=REPO,
+            env=_env({"RECALLQ_MODELS_FILE": str(models), "STUB_API_KEY": "sk-x"}),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr
+        assert set(json.loads(done.stdout.splitlines()[-1])) & LLM == imported, extra
+
+
 def _fresh_clone(tmp_path: Path) -> Path:
     """The repository's files as a clone has them (tracked, and new ones not ignored)."""
     listed = subprocess.run(
@@ -198,12 +252,18 @@ def test_the_first_command_works_on_a_fresh_clone_with_the_core_install_alone(
     assert "recallq" in installed and not installed & (SERVICE | LLM | {"psycopg-binary"})
 
     hints = {
-        "recallq run examples/eval_set.jsonl --model gpt-4o-mini": "llm",
+        # an OpenAI model takes the direct lane, which needs no extra; Anthropic's is litellm's
+        "recallq run examples/eval_set.jsonl --model claude-3-5-haiku": "llm",
         "recallq worker": "service",
         f"recallq api --port {free_port()}": "service",
     }
     for line, extra in hints.items():
-        done = shell(line, RECALLQ_MODELS_FILE="examples/models.yaml", OPENAI_API_KEY="sk-test")
+        done = shell(
+            line,
+            RECALLQ_MODELS_FILE="examples/models.yaml",
+            OPENAI_API_KEY="sk-test",
+            ANTHROPIC_API_KEY="sk-test",
+        )
         assert done.returncode == 2, (line, done.stderr)
         said = done.stderr.strip().splitlines()
         assert len(said) == 1 and said[0].startswith("recallq: "), (line, done.stderr)

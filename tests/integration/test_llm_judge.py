@@ -1,6 +1,7 @@
-"""The litellm judge in-process against the stub server over HTTP: what it reports per call
-once litellm's per-call overhead is cut (no success-callback job, no price search for
-unpriced models, no INFO log lines, no event loop per call for service callbacks)."""
+"""The judge on its litellm lane (`transport: litellm`) in-process against the stub server over
+HTTP: what it reports per call once litellm's per-call overhead is cut (no success-callback
+job, no price search for unpriced models, no INFO log lines, no event loop per call for
+service callbacks). The direct lane's own tests: tests/integration/test_direct_lane.py."""
 
 from __future__ import annotations
 
@@ -21,12 +22,12 @@ from recallq.judge import protocol
 from recallq.judge.backoff import Backoff
 from recallq.judge.base import Repair
 from recallq.judge.llm import LLMJudge
-from recallq.judge.models import ModelConfig
+from recallq.judge.models import LITELLM, ModelConfig
 
 
 def _judge(stub, model: str) -> LLMJudge:
     params = {"model": model, "api_base": stub.base_url, "api_key": "sk-test"}
-    config = ModelConfig("judge", params)
+    config = ModelConfig("judge", params, transport=LITELLM)
     return LLMJudge(config, Backoff(), Unlimited(), OpenGate(), LocalCircuitBreaker(), 30)
 
 
@@ -72,7 +73,7 @@ def test_a_model_priced_by_a_later_models_file_is_priced(clean_stub) -> None:
         "output_cost_per_token": 8e-6,
     }
     priced = LLMJudge(
-        ModelConfig("judge", params), Backoff(), Unlimited(), OpenGate(),
+        ModelConfig("judge", params, transport=LITELLM), Backoff(), Unlimited(), OpenGate(),
         LocalCircuitBreaker(), 30,
     )  # fmt: skip
     usage = priced.extract_claims("Ada was born in 1815.", "r").usage
@@ -172,7 +173,7 @@ def test_prices_from_the_models_file_are_billed_and_noticed(clean_stub) -> None:
         "output_cost_per_token": 0.000002,
     }
     judge = LLMJudge(
-        ModelConfig("house", params),
+        ModelConfig("house", params, transport=LITELLM),
         Backoff(),
         Unlimited(),
         OpenGate(),
@@ -218,8 +219,9 @@ def _judge_on_redis(stub, redis_url: str) -> LLMJudge:
 
     redis = Redis.from_url(redis_url, socket_timeout=2, socket_connect_timeout=2)
     params = {"model": "openai/stub-judge", "api_base": stub.base_url, "api_key": "sk-test"}
+    config = ModelConfig("judge", params, transport=LITELLM)
     return LLMJudge(
-        ModelConfig("judge", params), Backoff(max_attempts=2, base_delay=0.01), Unlimited(),
+        config, Backoff(max_attempts=2, base_delay=0.01), Unlimited(),
         RedisCallGate(redis, 30), RedisCircuitBreaker(redis), 30,
     )  # fmt: skip
 

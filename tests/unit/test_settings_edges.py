@@ -23,6 +23,7 @@ EDGES = {
 #: modules that may name os.environ, and why
 ENVIRONMENT_USERS = {
     # resolves `os.environ/NAME` in the models file (the contract's way to name a key)
+    # and litellm's provider defaults (OPENAI_API_KEY, ...) that the direct lane honours too
     "recallq/judge/models.py",
 }
 

@@ -68,13 +68,13 @@ def local_runtime(settings: Settings, concurrency: int) -> tuple[Runtime, LocalR
 def check_model(runtime: Runtime, model: str) -> None:
     """Before anything starts: the model is known and its settings resolve here (this process
     is the worker, so a key missing from its environment would fail every item), and litellm
-    is installed (the `llm` extra) when the model takes its lane (recallq.judge.lanes)."""
+    is installed (the `llm` extra) for an LLM judge: its lane calls through it, and the direct
+    lane (recallq.judge.lanes) prices calls by its price map, without importing it."""
     from recallq import extras
     from recallq.runs import ingest
 
-    config = runtime.models[ingest.require_known_model(model, runtime.models)]
-    config.resolved_params()
-    if model not in runtime.judges_given and lanes.needs_litellm([config]):
+    runtime.models[ingest.require_known_model(model, runtime.models)].resolved_params()
+    if model != LEXICAL and model not in runtime.judges_given:
         extras.require("litellm", f"the judge {model}")
 
 

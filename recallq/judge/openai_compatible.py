@@ -11,6 +11,7 @@ expects them (recallq.judge.transport). Which models take it: recallq.judge.lane
 from __future__ import annotations
 
 import json
+import logging
 import re
 import time
 from dataclasses import dataclass, field
@@ -83,6 +84,10 @@ class OpenAICompatibleTransport:
         self._endpoint = endpoint
         self._price = price
         self._cap = BODY_PER_ANSWER_BYTE * max_answer_bytes + 64 * 1024
+        # httpx says every request at INFO ("HTTP Request: POST ... 200 OK"): one line per
+        # judge call, each redacted and written, is CPU spent on noise. Warnings still show.
+        for name in ("httpx", "httpcore"):
+            logging.getLogger(name).setLevel(logging.WARNING)
         self._client = httpx.Client(
             headers={"Content-Type": "application/json", **endpoint.headers},
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=KEEP_ALIVE),

@@ -334,3 +334,4 @@ def test_a_worker_on_the_direct_lane_scores_a_run_without_importing_litellm(
         worker.stop()
     assert run["counts"]["succeeded"] == 3, worker.output()[-3000:]
     assert "litellm was imported" not in worker.output()
+    assert "HTTP Request:" not in worker.output()  # no log line per judge call

@@ -12,18 +12,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from sqlalchemy import (
-    ARRAY,
-    JSON,
-    BigInteger,
     Connection,
-    String,
-    any_,
-    bindparam,
-    column,
-    exists,
-    func,
     select,
-    tuple_,
     update,
 )
 from sqlalchemy.exc import SQLAlchemyError
@@ -36,6 +26,17 @@ from recallq.core.usage import NO_USAGE, Usage
 from recallq.observability import metrics
 from recallq.state.claim_cache import ClaimCache
 from recallq.state.db import Database
+from recallq.state.item_statements import (
+    HAND_OVER,
+    HAND_OVER_GROUP,
+    RELEASE_NEXT,
+    RUN_CONTEXT,
+    STORED_CLAIMS,
+    STORED_CLAIMS_OF,
+    TAKE_GROUP,
+    TAKE_READ_GROUP,
+    TAKE_READ_ONE,
+)
 from recallq.state.item_writes import (
     IN_FLIGHT,
     add_values,
@@ -43,7 +44,6 @@ from recallq.state.item_writes import (
     claims_insert,
     claims_saved,
     claims_saved_together,
-    claims_table,
     ended_statement,
     failed_values,
     item_update_params,
@@ -60,104 +60,8 @@ from recallq.state.item_writes import (
 from recallq.state.tables import as_utc, utcnow
 from recallq.state.usage_spool import Charge, UsageSpool
 
-TAKE_READ = select(
-    items.c.key,
-    items.c.status,
-    items.c.owner,
-    items.c.lease_until,
-    items.c.started_at,
-    items.c.ground_truth,
-    items.c.run_id,
-    items.c.waiting_since,
-    runs.c.status.label("run_status"),
-    runs.c.model,
-    runs.c.scale,
-    runs.c.retry_deadline_s,
-    runs.c.project,
-    runs.c.precision,
-    exists().where(claims_table.c.item_id == items.c.id).label("has_claims"),
-).join_from(items, runs, runs.c.id == items.c.run_id)
-TAKE_READ_ONE = TAKE_READ.where(items.c.id == bindparam("item_id"))
-TAKE_READ_GROUP = TAKE_READ.add_columns(items.c.id).where(
-    items.c.id.in_(bindparam("item_ids", expanding=True))
-)
-STORED_CLAIMS = (
-    select(claims_table.c.text)
-    .where(claims_table.c.item_id == bindparam("item_id"))
-    .order_by(claims_table.c.idx)
-)
-STORED_CLAIMS_OF = (
-    select(claims_table.c.item_id, claims_table.c.text)
-    .where(claims_table.c.item_id.in_(bindparam("item_ids", expanding=True)))
-    .order_by(claims_table.c.item_id, claims_table.c.idx)
-)
-#: take's write for a group of items (Postgres): each row {id, owner, old_owner, old_status}
-#: is taken under its owner while its status and owner are as read; locks in id order, as
-#: every writer of several items (recallq.state.item_writes.update_items_in_id_order).
-_TAKING = (
-    func.json_to_recordset(bindparam("b_rows", type_=JSON))
-    .table_valued(
-        column("id", BigInteger),
-        column("owner", String),
-        column("old_owner", String),
-        column("old_status", String),
-    )
-    .render_derived(name="taking", with_types=True)
-)
-TAKE_GROUP = (
-    update(items)
-    .where(
-        items.c.id == _TAKING.c.id,
-        items.c.status == _TAKING.c.old_status,
-        items.c.owner.is_not_distinct_from(_TAKING.c.old_owner),
-        items.c.id.in_(
-            select(items.c.id)
-            .where(items.c.id == any_(bindparam("b_ids", type_=ARRAY(BigInteger))))
-            .order_by(items.c.id)
-            .with_for_update()
-            .scalar_subquery()
-        ),
-    )
-    .values(
-        status=ItemStatus.RUNNING,
-        owner=_TAKING.c.owner,
-        lease_until=bindparam("b_lease"),
-        attempts=items.c.attempts + 1,
-        started_at=func.coalesce(
-            items.c.started_at, bindparam("b_now", type_=items.c.started_at.type)
-        ),
-    )
-    .returning(items.c.id)
-)
-HAND_OVER = (
-    update(items)
-    .where(
-        items.c.id == bindparam("b_id"),
-        items.c.owner == bindparam("b_owner"),
-        items.c.status == ItemStatus.RUNNING,
-    )
-    .values(owner=bindparam("b_new_owner"), lease_until=bindparam("b_lease"))
-    .returning(items.c.contexts)
-)
-RUN_CONTEXT = select(runs.c.context).where(runs.c.id == bindparam("run_id"))
 # a worker keeps the static contexts of this many runs (each at most the context byte limit)
 RUN_CONTEXTS_KEPT = 16
-RELEASE_NEXT = (
-    update(items)
-    .where(
-        items.c.id.in_(
-            select(items.c.id)
-            .where(items.c.run_id == bindparam("b_run"), items.c.status == ItemStatus.PENDING)
-            .order_by(items.c.id)
-            .limit(bindparam("b_limit"))
-            .with_for_update(skip_locked=True)
-            .scalar_subquery()
-        ),
-        exists().where(runs.c.id == bindparam("b_run"), runs.c.status == RunStatus.RUNNING),
-    )
-    .values(status=ItemStatus.QUEUED, lease_until=bindparam("b_lease"))
-    .returning(items.c.id)
-)
 
 log = logging.getLogger(__name__)
 
@@ -515,15 +419,9 @@ class ItemStore:
     ) -> list[HandedOver | Skipped]:
         """`hand_over` for the passes of one message, in one statement; in their order."""
         owned = [(taken.item_id, taken.owner) for taken in passes]
-        statement = (
-            update(items)
-            .where(tuple_(items.c.id, items.c.owner).in_(owned))
-            .where(items.c.status == ItemStatus.RUNNING)
-            .values(owner=new_owner, lease_until=self._lease())
-            .returning(items.c.id, items.c.contexts)
-        )
+        params = {"b_owned": owned, "b_new_owner": new_owner, "b_lease": self._lease()}
         with self._db.single_statement() as conn:
-            found = {row.id: row.contexts for row in conn.execute(statement)}
+            found = {row.id: row.contexts for row in conn.execute(HAND_OVER_GROUP, params)}
         return [
             self._handed(t, new_owner, found.get(t.item_id), t.item_id not in found) for t in passes
         ]

@@ -8,6 +8,7 @@ and the OpenAI SDK's own retries are switched off: the one retry loop is recallq
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Any
 
@@ -22,6 +23,7 @@ from recallq.judge.transport import (
     RateLimitedByProvider,
     TransientProviderError,
     causes,
+    reported_tokens,
     retry_after_seconds,
     unavailable,
 )
@@ -104,9 +106,10 @@ class LitellmTransport:
         except _PERMANENT as exc:
             raise PermanentProviderError(type(exc).__name__, _message(exc)) from None
         reported = getattr(response, "usage", None)
-        prompt = getattr(reported, "prompt_tokens", 0) or 0
-        completion = getattr(reported, "completion_tokens", 0) or 0
+        prompt = reported_tokens(getattr(reported, "prompt_tokens", 0))
+        completion = reported_tokens(getattr(reported, "completion_tokens", 0))
         cost = float(response._hidden_params.get("response_cost") or 0.0) if self._priced else 0.0
+        cost = cost if math.isfinite(cost) and cost > 0 else 0.0
         choice = response.choices[0]
         return Answer(choice.message.content, choice.finish_reason, prompt, completion, cost)
 

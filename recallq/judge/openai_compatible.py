@@ -29,6 +29,7 @@ from recallq.judge.transport import (
     RateLimitedByProvider,
     TransientProviderError,
     causes,
+    reported_tokens,
     retry_after_seconds,
     unavailable,
 )
@@ -138,9 +139,9 @@ class OpenAICompatibleTransport:
             if content is not None and not isinstance(content, str):
                 raise TypeError("content is not a text")
             usage = data.get("usage") or {}
-            prompt = int(usage.get("prompt_tokens") or 0)
-            completion = int(usage.get("completion_tokens") or 0)
-        except (ValueError, LookupError, TypeError, AttributeError):
+            prompt = reported_tokens(usage.get("prompt_tokens"))
+            completion = reported_tokens(usage.get("completion_tokens"))
+        except (ValueError, LookupError, TypeError, AttributeError, RecursionError):
             raise TransientProviderError(
                 "APIError",
                 f"the provider answered 200 without a chat completion: {_clip(body)}",
@@ -222,7 +223,7 @@ def _error_message(body: bytes) -> str:
     """The message of an OpenAI-style error body ({"error": {"message": ...}}), else the body."""
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return _clip(body)
     error = data.get("error", data) if isinstance(data, dict) else data
     if isinstance(error, dict):
@@ -237,7 +238,7 @@ def _error_message(body: bytes) -> str:
 
 def _usage_in(tail: bytes, name: str) -> int:
     found = _USAGE[name].findall(tail)
-    return int(found[-1]) if found else 0
+    return reported_tokens(found[-1].decode()) if found else 0
 
 
 def _text(exc: Exception) -> str:

@@ -26,6 +26,23 @@ def unavailable(status: int | None) -> str:
     return f"provider unavailable ({status})" if status else "provider unavailable"
 
 
+#: More tokens than any model's context holds: what a provider reports for one call is cut
+#: to this, so a hostile or broken answer cannot make a run's usage absurd.
+MAX_TOKENS_PER_CALL = 10_000_000
+
+
+def reported_tokens(value: object) -> int:
+    """A token count a provider reported, as usage may hold it: a whole number from 0 to
+    MAX_TOKENS_PER_CALL (what a judge answers is untrusted; anything else counts as 0)."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return 0
+    try:
+        number = int(float(value)) if not isinstance(value, int) else value
+    except (ValueError, OverflowError):
+        return 0
+    return min(max(number, 0), MAX_TOKENS_PER_CALL)
+
+
 @dataclass(frozen=True)
 class Answer:
     """One answered chat completion. `oversized_bytes`: the response body was over the size

@@ -7,6 +7,7 @@ usage as the litellm lane gives for the same items."""
 from __future__ import annotations
 
 import email.utils
+import json
 import os
 import threading
 import time
@@ -25,7 +26,12 @@ from recallq.judge.backoff import Backoff
 from recallq.judge.llm import LLMJudge
 from recallq.judge.models import JudgeModelsError, ModelConfig, load_models
 from recallq.judge.openai_compatible import OpenAICompatibleTransport
-from recallq.judge.transport import CONNECTION_REFUSED, RATE_LIMITED, TIMEOUTS
+from recallq.judge.transport import (
+    CONNECTION_REFUSED,
+    MAX_TOKENS_PER_CALL,
+    RATE_LIMITED,
+    TIMEOUTS,
+)
 from tests.services import free_port
 
 KEY = "sk-direct-lane-secret-0123456789"
@@ -335,3 +341,71 @@ def test_a_worker_on_the_direct_lane_scores_a_run_without_importing_litellm(
     assert run["counts"]["succeeded"] == 3, worker.output()[-3000:]
     assert "litellm was imported" not in worker.output()
     assert "HTTP Request:" not in worker.output()  # no log line per judge call
+
+
+def _answering(body: bytes) -> ThreadingHTTPServer:
+    """A provider that answers every request 200 with `body` (JSON)."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def _completion(usage: dict[str, Any]) -> bytes:
+    answer = json.dumps({"claims": ["Ada Lovelace was born in 1815."]})
+    choice = {"index": 0, "message": {"role": "assistant", "content": answer}}
+    return json.dumps({"choices": [{**choice, "finish_reason": "stop"}], "usage": usage}).encode()
+
+
+@pytest.mark.parametrize(
+    ("usage", "expected"),
+    [
+        ({"prompt_tokens": -5000, "completion_tokens": -1}, (0, 0)),
+        ({"prompt_tokens": 10**30, "completion_tokens": 1e300}, (MAX_TOKENS_PER_CALL,) * 2),
+        ({"prompt_tokens": "12", "completion_tokens": [3]}, (12, 0)),
+        ({"prompt_tokens": True, "completion_tokens": None}, (0, 0)),
+    ],
+)
+def test_the_usage_a_provider_reports_is_bounded(
+    usage: dict[str, Any], expected: tuple[int, int]
+) -> None:
+    """Negative, absurd or mistyped token counts (a hostile or broken provider) never make a
+    run's usage or cost negative or absurd: counts are whole numbers within a call's bound."""
+    server = _answering(_completion(usage))
+    try:
+        judge = _judge(
+            f"http://127.0.0.1:{server.server_port}/v1",
+            input_cost_per_token=1e-6,
+            output_cost_per_token=2e-6,
+        )
+        reply = judge.extract_claims(GROUND_TRUTH, "r")
+    finally:
+        server.shutdown()
+    prompt, completion = expected
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == expected
+    assert reply.usage.cost_usd == pytest.approx(prompt * 1e-6 + completion * 2e-6)
+
+
+def test_a_body_nested_too_deep_to_parse_makes_the_item_wait() -> None:
+    """JSON nested deeper than the parser goes (a hostile provider) is an answer that is not
+    a chat completion, not a crash of the worker's task."""
+    server = _answering(b"[" * 100_000 + b"]" * 100_000)
+    try:
+        judge = _judge(f"http://127.0.0.1:{server.server_port}/v1")
+        with pytest.raises(ProviderUnavailable) as waits:
+            judge.extract_claims(GROUND_TRUTH, "r")
+    finally:
+        server.shutdown()
+    assert waits.value.reason == "provider unavailable"

@@ -294,11 +294,16 @@ def parse_answer(
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise ProtocolError(f"invalid JSON ({exc.msg} at char {exc.pos}): {clip}") from exc
+    except RecursionError:
+        raise ProtocolError(f"JSON nested too deeply: {clip}") from None
     key = {EXTRACTION: "claims", EXTRACTION_PACKED: "items"}.get(schema_name, "verdicts")
     if not isinstance(data, dict) or not isinstance(data.get(key), list):
         raise ProtocolError(f'expected an object with a "{key}" list, got: {clip}')
     # every string made storable (no NUL, no lone surrogate) and, with `redact`, redacted
-    data = {key: _redacted(value, _storable(redact)) for key, value in data.items()}
+    try:
+        data = {key: _redacted(value, _storable(redact)) for key, value in data.items()}
+    except RecursionError:
+        raise ProtocolError(f"JSON nested too deeply: {clip}") from None
     if schema_name == EXTRACTION:
         data["claims"] = _claims(data["claims"])
         check_claims(data["claims"], limits)

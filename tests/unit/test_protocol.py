@@ -349,3 +349,18 @@ def test_a_packed_answer_without_items_is_malformed() -> None:
 
     with pytest.raises(ProtocolError, match='expected an object with a "items" list'):
         parse_answer(EXTRACTION_PACKED, '{"claims": []}', "stop")
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        "[" * 100_000 + "]" * 100_000,
+        '{"claims": ' + "[" * 100_000 + "]" * 100_000 + "}",
+        '{"claims": ["a"], "extra": ' + "[" * 950 + "]" * 950 + "}",
+    ],
+)
+def test_an_answer_nested_too_deeply_is_malformed_not_a_crash(answer: str) -> None:
+    """A hostile judge's answer nested past the parser's depth (or past what walking it
+    allows) is a malformed answer, like any other JSON the protocol cannot take."""
+    with pytest.raises(ProtocolError, match="nested too deeply"):
+        parse_answer(EXTRACTION, answer, "stop")

@@ -203,10 +203,13 @@ class Host:
             time.sleep(0.02)
         return int(stats.read_text().split()[0])
 
-    def vanish(self) -> None:
+    def vanish(self) -> float:
         """Gone without a word: links down first (nothing closes cleanly), then every process
-        SIGKILLed, then the namespace deleted. Its TCP connections stay open at the far end."""
+        SIGKILLed, then the namespace deleted. Its TCP connections stay open at the far end.
+        Returns when (unix seconds) its database link was down: nothing it did after that
+        reached the database."""
         ip("link", "set", f"d-{self.name}", "down", namespace=self.network.switch)
+        cut_at = time.time()
         if self.judge_address is not None:
             ip("link", "set", f"j-{self.name}", "down", namespace=self.network.switch)
         for process in self.processes:
@@ -216,6 +219,7 @@ class Host:
         self.gone = True
         if self.wire is not None:
             self.wire.kill()
+        return cut_at
 
     def close(self) -> None:
         for process in self.processes:

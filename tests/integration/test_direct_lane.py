@@ -267,25 +267,9 @@ def test_both_lanes_give_the_same_scores_verdicts_and_usage(
     assert direct.usage["prompt_tokens"] > 0 and direct.usage["cost_usd"] > 0
 
 
-class _NotAChatCompletion(BaseHTTPRequestHandler):
-    """A server that answers 200 with a web page (a captive portal, a proxy's login page)."""
-
-    def do_POST(self) -> None:
-        self.rfile.read(int(self.headers["content-length"]))
-        page = b"<html><body>Please sign in</body></html>"
-        self.send_response(200)
-        self.send_header("content-type", "text/html")
-        self.send_header("content-length", str(len(page)))
-        self.end_headers()
-        self.wfile.write(page)
-
-    def log_message(self, *args: object) -> None:
-        pass
-
-
 def test_a_200_that_is_not_a_chat_completion_makes_the_item_wait() -> None:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _NotAChatCompletion)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    """A web page (a captive portal, a proxy's login page) where a chat completion belongs."""
+    server = _answering(b"<html><body>Please sign in</body></html>", "text/html")
     try:
         judge = _judge(f"http://127.0.0.1:{server.server_port}/v1")
         with pytest.raises(ProviderUnavailable) as waits:
@@ -343,14 +327,14 @@ def test_a_worker_on_the_direct_lane_scores_a_run_without_importing_litellm(
     assert "HTTP Request:" not in worker.output()  # no log line per judge call
 
 
-def _answering(body: bytes) -> ThreadingHTTPServer:
-    """A provider that answers every request 200 with `body` (JSON)."""
+def _answering(body: bytes, content_type: str = "application/json") -> ThreadingHTTPServer:
+    """A provider that answers every request 200 with `body`."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers["content-length"]))
             self.send_response(200)
-            self.send_header("content-type", "application/json")
+            self.send_header("content-type", content_type)
             self.send_header("content-length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

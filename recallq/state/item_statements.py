@@ -4,11 +4,8 @@ once at import, so SQLAlchemy compiles each once. Only ItemStore imports them.""
 from __future__ import annotations
 
 from sqlalchemy import (
-    ARRAY,
-    JSON,
     BigInteger,
     String,
-    any_,
     bindparam,
     column,
     exists,
@@ -19,7 +16,7 @@ from sqlalchemy import (
 )
 
 from recallq.core.status import ItemStatus, RunStatus
-from recallq.state.item_writes import claims_table, items, runs
+from recallq.state.item_writes import claims_table, items, json_rows, locked_in_id_order, runs
 
 TAKE_READ = select(
     items.c.key,
@@ -55,15 +52,13 @@ STORED_CLAIMS_OF = (
 #: take's write for a group of items (Postgres): each row {id, owner, old_owner, old_status}
 #: is taken under its owner while its status and owner are as read; locks in id order, as
 #: every writer of several items (recallq.state.item_writes.update_items_in_id_order).
-_TAKING = (
-    func.json_to_recordset(bindparam("b_rows", type_=JSON))
-    .table_valued(
-        column("id", BigInteger),
-        column("owner", String),
-        column("old_owner", String),
-        column("old_status", String),
-    )
-    .render_derived(name="taking", with_types=True)
+_TAKING = json_rows(
+    "b_rows",
+    "taking",
+    column("id", BigInteger),
+    column("owner", String),
+    column("old_owner", String),
+    column("old_status", String),
 )
 TAKE_GROUP = (
     update(items)
@@ -71,13 +66,7 @@ TAKE_GROUP = (
         items.c.id == _TAKING.c.id,
         items.c.status == _TAKING.c.old_status,
         items.c.owner.is_not_distinct_from(_TAKING.c.old_owner),
-        items.c.id.in_(
-            select(items.c.id)
-            .where(items.c.id == any_(bindparam("b_ids", type_=ARRAY(BigInteger))))
-            .order_by(items.c.id)
-            .with_for_update()
-            .scalar_subquery()
-        ),
+        items.c.id.in_(locked_in_id_order("b_ids")),
     )
     .values(
         status=ItemStatus.RUNNING,

@@ -85,6 +85,16 @@ COUNTERS = (
     "relevance_cost_usd",
 )
 
+#: The usage a charge carries, as its row in `usage_charges` keeps it.
+CHARGE_COUNTERS = (
+    "llm_calls",
+    "prompt_tokens",
+    "completion_tokens",
+    "cost_usd",
+    "call_attempts",
+    "failed_calls",
+)
+
 
 @lru_cache
 def _item_update(keys: frozenset[str], match_owner: str, match_status: bool) -> Update:
@@ -199,6 +209,28 @@ def verdicts_upsert(dialect: str) -> Insert:
 # was statement execution (issue 29). SQLite (local mode) has no data-modifying CTEs and keeps
 # one transaction of several statements (recallq.state.items).
 
+
+def json_rows(param: str, name: str, *columns: Any) -> Any:
+    """The rows of the JSON array of objects bound as `param`, as a table `name` of `columns`."""
+    return (
+        func.json_to_recordset(bindparam(param, type_=JSON))
+        .table_valued(*columns)
+        .render_derived(name=name, with_types=True)
+    )
+
+
+def locked_in_id_order(param: str) -> Any:
+    """The items whose ids are bound as `param`, locked in id order (as every writer of
+    several items locks them: see update_items_in_id_order)."""
+    return (
+        select(items.c.id)
+        .where(items.c.id == any_(bindparam(param, type_=ARRAY(BigInteger))))
+        .order_by(items.c.id)
+        .with_for_update()
+        .scalar_subquery()
+    )
+
+
 #: A stage's claims, as one JSON array (also the claim cache's value): one row each, in order.
 _CLAIM_TEXTS = (
     func.json_array_elements_text(bindparam("b_claims", type_=JSON))
@@ -206,17 +238,52 @@ _CLAIM_TEXTS = (
     .render_derived(name="claim")
 )
 #: verdict_rows' rows, as one JSON array of objects.
-_VERDICT_ROWS = (
-    func.json_to_recordset(bindparam("b_verdicts", type_=JSON))
-    .table_valued(
-        column("idx", Integer),
-        column("text", Text),
-        column("verdict", String),
-        column("context_indices", JSON),
-        column("reason", Text),
-    )
-    .render_derived(name="verdict", with_types=True)
+_VERDICT_ROWS = json_rows(
+    "b_verdicts",
+    "verdict",
+    column("idx", Integer),
+    column("text", Text),
+    column("verdict", String),
+    column("context_indices", JSON),
+    column("reason", Text),
 )
+#: The charges a write records (`charge_params`): their usage is counted by the write itself.
+_CHARGE_ROWS = json_rows(
+    "b_charges",
+    "charge",
+    column("charge_id", String),
+    column("item_id", BigInteger),
+    column("run_id", String),
+    column("stage", String),
+    *(column(k, Float if k == "cost_usd" else Integer) for k in CHARGE_COUNTERS),
+    column("answered_at", DateTime(timezone=True)),
+)
+
+
+def _charges_recorded(done: Any) -> Any:
+    """The `usage_charges` rows of the charges (b_charges) whose items `done` wrote, as a CTE:
+    the write counted their usage, so a copy of them kept in the spool (the write's answer was
+    lost, though it committed) is counted nothing more (see write_charges)."""
+    charge = _CHARGE_ROWS
+    names = ["charge_id", "item_id", "run_id", "stage", *CHARGE_COUNTERS, "answered_at"]
+    return (
+        _insert("postgresql", usage_charges)
+        .from_select(
+            [*names, "written_at"],
+            select(*(charge.c[n] for n in names), bindparam("b_now", type_=DateTime(timezone=True)))
+            .select_from(charge)
+            .join(done, done.c.id == charge.c.item_id),
+        )
+        .on_conflict_do_nothing()
+        .returning(usage_charges.c.charge_id)
+        .cte("charged")
+    )
+
+
+def _count_of(cte: Any, label: str) -> Any:
+    """A count of a CTE's rows, as a column: a CTE the result names is sure to be part of the
+    statement (SQLAlchemy leaves out those nothing refers to)."""
+    return select(func.count()).select_from(cte).scalar_subquery().label(label)
 
 
 def _owned_update(keys: frozenset[str]) -> Any:
@@ -261,13 +328,22 @@ def claims_saved(keys: frozenset[str], write_cache: bool) -> Select[Any]:
     )
     statement = select(
         owned.label("owned"),
-        select(func.count()).select_from(inserted).scalar_subquery().label("inserted"),
+        _count_of(inserted, "inserted"),
+        _count_of(_charges_recorded(done), "charged"),
     )
-    if write_cache:  # a CTE the result names is sure to be part of the statement
-        statement = statement.add_columns(
-            select(func.count()).select_from(cached).scalar_subquery().label("cached")
-        )
+    if write_cache:
+        statement = statement.add_columns(_count_of(cached, "cached"))
     return statement
+
+
+@lru_cache
+def owned_write(keys: frozenset[str]) -> Select[Any]:
+    """A stage's write of these values alone (a deferral), guarded by owner and status, with
+    the charges it counts. Returns (owned)."""
+    done = _owned_update(keys)
+    return select(
+        exists(select(done.c.id)).label("owned"), _count_of(_charges_recorded(done), "charged")
+    )
 
 
 @lru_cache
@@ -336,8 +412,9 @@ def ended_statement(keys: frozenset[str]) -> Select[Any]:
     return select(
         owned.label("owned"),
         select(func.array_agg(released.c.id)).scalar_subquery().label("released"),
-        select(func.count()).select_from(pending.subquery()).scalar_subquery().label("pending"),
-        select(func.count()).select_from(verdicts).scalar_subquery().label("verdicts"),
+        _count_of(pending.subquery(), "pending"),
+        _count_of(verdicts, "verdicts"),
+        _count_of(_charges_recorded(done), "charged"),
     )
 
 
@@ -363,23 +440,15 @@ def claims_saved_together() -> Select[Any]:
     `b_rows` each ({id, owner, the EXTRACTION_SPENT counters, key, fresh, claims}); the items
     are locked in id order (`b_ids`), as every writer of several items. Returns a row per
     item its pass still owned: (id, inserted: how many of its claims were new)."""
-    saving = (
-        func.json_to_recordset(bindparam("b_rows", type_=JSON))
-        .table_valued(
-            column("id", BigInteger),
-            column("owner", String),
-            *(column(k, Float if k.endswith("cost_usd") else Integer) for k in EXTRACTION_SPENT),
-            column("key", String),
-            column("fresh", Boolean),
-            column("claims", JSON),
-        )
-        .render_derived(name="saving", with_types=True)
-    )
-    in_id_order = (
-        select(items.c.id)
-        .where(items.c.id == any_(bindparam("b_ids", type_=ARRAY(BigInteger))))
-        .order_by(items.c.id)
-        .with_for_update()
+    saving = json_rows(
+        "b_rows",
+        "saving",
+        column("id", BigInteger),
+        column("owner", String),
+        *(column(k, Float if k.endswith("cost_usd") else Integer) for k in EXTRACTION_SPENT),
+        column("key", String),
+        column("fresh", Boolean),
+        column("claims", JSON),
     )
     done = (
         update(items)
@@ -387,7 +456,7 @@ def claims_saved_together() -> Select[Any]:
             items.c.id == saving.c.id,
             items.c.owner == saving.c.owner,
             items.c.status == ItemStatus.RUNNING,
-            items.c.id.in_(in_id_order.scalar_subquery()),
+            items.c.id.in_(locked_in_id_order("b_ids")),
         )
         .values(
             {k: items.c[k] + saving.c[k] for k in EXTRACTION_SPENT}
@@ -437,7 +506,8 @@ def claims_saved_together() -> Select[Any]:
         .where(inserted.c.item_id == done.c.id)
         .scalar_subquery()
         .label("inserted"),
-        select(func.count()).select_from(cached).scalar_subquery().label("cached"),
+        _count_of(cached, "cached"),
+        _count_of(_charges_recorded(done), "charged"),
     )
 
 
@@ -540,19 +610,8 @@ def verdict_rows(
     ]
 
 
-#: What a write adds to an item for the calls its pass made (see `charge_refused`): every
-#: counter but those of the item's own moves.
+#: What a charge adds to its item: every counter but those of the item's own moves.
 USAGE_COUNTERS = tuple(k for k in COUNTERS if k not in ("attempts", "cache_hits", "deferrals"))
-
-
-def charge_refused(conn: Connection, item_id: int, run_id: str, values: dict[str, Any]) -> None:
-    """A write that found the item no longer its pass's (its run was cancelled, another pass
-    took it over after this one's worker was taken for dead, a duplicate message ran it): the
-    calls the pass made were still sent and billed, so their usage counts on the item, whatever
-    its state, and nothing else of the write does."""
-    spent = {k: values[k] for k in USAGE_COUNTERS if values.get(k)}
-    if spent and update_item(conn, item_id, spent):
-        forget_kept_views(conn, run_id)
 
 
 def charge_cancelled(conn: Connection, item_id: int, values: dict[str, Any]) -> None:
@@ -583,26 +642,43 @@ def _charge_insert(dialect: str) -> Insert:
 _CHARGED_ITEM = select(items.c.id).where(items.c.id == bindparam("item_id")).with_for_update()
 
 
+def _charge_row(charge: Charge) -> dict[str, Any]:
+    usage = charge.usage
+    return {
+        "charge_id": charge.charge_id,
+        "item_id": charge.item_id,
+        "run_id": charge.run_id,
+        "stage": str(charge.stage),
+        **{k: getattr(usage, k) for k in CHARGE_COUNTERS},
+        "answered_at": datetime.fromtimestamp(charge.answered_at, UTC),
+    }
+
+
+def charge_params(charges: Sequence[Charge]) -> dict[str, Any]:
+    """The parameters of the charges a one-statement write records beside its item's usage
+    (b_charges, as JSON)."""
+    rows = [
+        _charge_row(c) | {"answered_at": datetime.fromtimestamp(c.answered_at, UTC).isoformat()}
+        for c in charges
+    ]
+    return {"b_charges": rows, "b_now": utcnow()}
+
+
+def record_charges(conn: Connection, charges: Sequence[Charge]) -> None:
+    """Record charges whose usage the write in this transaction counted (SQLite's path of
+    `_charges_recorded`)."""
+    now = utcnow()
+    for charge in charges:
+        conn.execute(_charge_insert(conn.dialect.name), _charge_row(charge) | {"written_at": now})
+
+
 def write_charges(conn: Connection, charges: Sequence[Charge]) -> int:
     """Add each charge's usage to its item, once per charge id (its `usage_charges` row says
     it was written); how many were new. A charge of an item deleted since is dropped."""
     written = 0
     for charge in charges:
+        row = _charge_row(charge) | {"written_at": utcnow()}
         usage = charge.usage
-        row = {
-            "charge_id": charge.charge_id,
-            "item_id": charge.item_id,
-            "run_id": charge.run_id,
-            "stage": str(charge.stage),
-            "llm_calls": usage.llm_calls,
-            "prompt_tokens": usage.prompt_tokens,
-            "completion_tokens": usage.completion_tokens,
-            "cost_usd": usage.cost_usd,
-            "call_attempts": usage.call_attempts,
-            "failed_calls": usage.failed_calls,
-            "answered_at": datetime.fromtimestamp(charge.answered_at, UTC),
-            "written_at": utcnow(),
-        }
         if conn.execute(_CHARGED_ITEM, {"item_id": charge.item_id}).first() is None:
             continue  # its item was deleted (with its run) since
         if conn.execute(_charge_insert(conn.dialect.name), row).first() is None:

@@ -40,7 +40,7 @@ from recallq.state.item_statements import (
 from recallq.state.item_writes import (
     IN_FLIGHT,
     add_values,
-    charge_refused,
+    charge_params,
     claims_insert,
     claims_saved,
     claims_saved_together,
@@ -48,6 +48,8 @@ from recallq.state.item_writes import (
     failed_values,
     item_update_params,
     items,
+    owned_write,
+    record_charges,
     runs,
     spent_values,
     succeeded_values,
@@ -79,6 +81,15 @@ class FoundClaims:
     usage: Usage
     cache_hit: bool
     cache_key: str
+
+
+def _charges_of(taken: Taken, *spent: tuple[Usage, Stage]) -> list[Charge]:
+    """The charges of what a pass's stages `spent` (none for a stage that spent nothing)."""
+    return [
+        Charge.new(taken.item_id, taken.run_id, stage, usage)
+        for usage, stage in spent
+        if usage != NO_USAGE
+    ]
 
 
 def _refused(item_id: int, move: str, owner: str) -> None:
@@ -295,11 +306,15 @@ class ItemStore:
             "lease_until": self.queue_lease(),
             "waiting_since": None,
         }
-        with self._charging(taken, (usage, Stage.EXTRACTION)):
+        with self._charging(taken, (usage, Stage.EXTRACTION)) as charges:
             if self._db.dialect == "postgresql":
-                all_new = self._save_claims_in_one(taken, values, claims, cache_hit, cache_key)
+                all_new = self._save_claims_in_one(
+                    taken, values, charges, claims, cache_hit, cache_key
+                )
             else:
-                all_new = self._save_claims_in_steps(taken, values, claims, cache_hit, cache_key)
+                all_new = self._save_claims_in_steps(
+                    taken, values, charges, claims, cache_hit, cache_key
+                )
         if all_new is None:
             return Skipped(SkipReason.NOT_OWNED)
         # else an earlier pass stored its claims first: those are the item's (read after the
@@ -311,6 +326,7 @@ class ItemStore:
         self,
         taken: Taken,
         values: dict[str, Any],
+        charges: list[Charge],
         claims: Sequence[str],
         cache_hit: bool,
         cache_key: str,
@@ -318,12 +334,12 @@ class ItemStore:
         """save_claims in one statement (Postgres): whether all its claims were new (else an
         earlier pass stored them first), None when refused."""
         params = item_update_params(taken.item_id, values, taken.owner, ItemStatus.RUNNING)
-        params |= {"b_claims": list(claims), "b_key": cache_key, "b_now": utcnow()}
+        params |= {"b_claims": list(claims), "b_key": cache_key} | charge_params(charges)
         statement = claims_saved(frozenset(values), not cache_hit)
         with self._db.single_statement() as conn:
             row = conn.execute(statement, params).one()
         if not row.owned:
-            self._refuse(taken, values, "save_claims")
+            self._refuse(taken, charges, "save_claims")
             return None
         return bool(row.inserted == len(claims))
 
@@ -347,23 +363,25 @@ class ItemStore:
             }
             for f in found
         ]
-        params = {"b_rows": rows, "b_ids": ids, "b_lease": self.queue_lease(), "b_now": utcnow()}
+        charges = {
+            f.taken.item_id: _charges_of(f.taken, (f.usage, Stage.EXTRACTION)) for f in found
+        }
+        params = {"b_rows": rows, "b_ids": ids, "b_lease": self.queue_lease()}
+        params |= charge_params([c for of_item in charges.values() for c in of_item])
         try:
             with self._db.single_statement() as conn:
                 saved = conn.execute(claims_saved_together(), params)
                 written: dict[int, int] = {row.id: row.inserted for row in saved}
         except SQLAlchemyError:
-            self._keep_unwritten([(f.taken, f.usage) for f in found])
+            self._keep_unwritten([c for of_item in charges.values() for c in of_item])
             raise
-        refused = [
-            (f, row) for f, row in zip(found, rows, strict=True) if f.taken.item_id not in written
-        ]
+        refused = [f.taken for f in found if f.taken.item_id not in written]
         if refused:
             try:
-                for f, row in refused:
-                    self._refuse(f.taken, row, "save_claims")
+                for taken in refused:
+                    self._refuse(taken, charges[taken.item_id], "save_claims")
             except SQLAlchemyError:
-                self._keep_unwritten([(f.taken, f.usage) for f, _ in refused])
+                self._keep_unwritten([c for t in refused for c in charges[t.item_id]])
                 raise
         became: list[Taken | Skipped] = []
         for f in found:
@@ -386,13 +404,14 @@ class ItemStore:
         self,
         taken: Taken,
         values: dict[str, Any],
+        charges: list[Charge],
         claims: Sequence[str],
         cache_hit: bool,
         cache_key: str,
     ) -> bool | None:
         """save_claims in one transaction of several statements (SQLite)."""
         with self._db.transaction() as conn:
-            if not self._write_owned(conn, taken, values, "save_claims"):
+            if not self._write_owned(conn, taken, values, charges, "save_claims"):
                 return None
             if not cache_hit:
                 ClaimCache.write(conn, cache_key, claims)
@@ -470,8 +489,8 @@ class ItemStore:
         what `stage` spent last, `relevance` what the context_relevance call spent."""
         values = succeeded_values(outcome, usage, stage, cache_hits, precision, relevance)
         rows = verdict_rows(taken.item_id, taken.claims or (), verdicts) if verdicts else []
-        with self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)):
-            ended = self._end(taken, values, rows, "succeed")
+        with self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)) as charges:
+            ended = self._end(taken, values, charges, rows, "succeed")
         if ended is not None and precision is not None:
             metrics.precision_scored(precision.mode)
         return Skipped(SkipReason.NOT_OWNED) if ended is None else ended
@@ -482,18 +501,23 @@ class ItemStore:
         """running → failed with its error; the next pending item is queued in its place.
         `relevance`: what a context_relevance call spent, beside `stage`'s `usage`."""
         values = failed_values(error, usage, stage, relevance)
-        with self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)):
-            ended = self._end(taken, values, [], "fail")
+        with self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)) as charges:
+            ended = self._end(taken, values, charges, [], "fail")
         return Skipped(SkipReason.NOT_OWNED) if ended is None else ended
 
     def _end(
-        self, taken: Taken, values: dict[str, Any], verdicts: list[dict[str, Any]], move: str
+        self,
+        taken: Taken,
+        values: dict[str, Any],
+        charges: list[Charge],
+        verdicts: list[dict[str, Any]],
+        move: str,
     ) -> Ended | None:
         """An item's end (`move`): its values, its claims' `verdicts` and the release of the
         next pending items in its place, unless its pass no longer owns it (None)."""
         if self._db.dialect != "postgresql":  # one transaction of several statements
             with self._db.transaction() as conn:
-                if not self._write_owned(conn, taken, values, move):
+                if not self._write_owned(conn, taken, values, charges, move):
                     return None
                 if verdicts:
                     conn.execute(verdicts_upsert(conn.dialect.name), verdicts)
@@ -505,11 +529,11 @@ class ItemStore:
             "b_window": self.dispatch_window,
             "b_group": self.release_group,
             "b_lease": self.queue_lease(),
-        }
+        } | charge_params(charges)
         with self._db.single_statement() as conn:
             row = conn.execute(ended_statement(frozenset(values)), params).one()
         if not row.owned:
-            self._refuse(taken, values, move)
+            self._refuse(taken, charges, move)
             return None
         metrics.items_moved(values["status"], 1)
         released = tuple(sorted(row.released or ()))
@@ -545,8 +569,8 @@ class ItemStore:
             "deferrals": 1,
             "waiting_since": waiting_since,
         }
-        with self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)):
-            if not self._write_owned_alone(taken, values, "defer"):
+        with self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)) as charges:
+            if not self._write_owned_alone(taken, values, charges, "defer"):
                 return Skipped(SkipReason.NOT_OWNED)
         return Deferred(until)
 
@@ -612,58 +636,66 @@ class ItemStore:
     # --- internals --------------------------------------------------------------------------
 
     def _write_owned(
-        self, conn: Connection, taken: Taken, values: dict[str, Any], move: str
+        self,
+        conn: Connection,
+        taken: Taken,
+        values: dict[str, Any],
+        charges: list[Charge],
+        move: str,
     ) -> bool:
         """Write only while this pass owns the running item (`move` names the write, for the
-        line a refusal logs). A refused write still counts the usage it carries: the calls
-        this pass made were sent and billed (recallq.state.item_writes.charge_refused)."""
+        line a refusal logs), with the charges of the usage it counts. A refused write still
+        counts those charges: the calls this pass made were sent and billed."""
         owned = update_item(
             conn, taken.item_id, values, owner=taken.owner, status=ItemStatus.RUNNING
         )
-        if not owned:
+        if owned:
+            record_charges(conn, charges)
+        else:
             _refused(taken.item_id, move, taken.owner)
-            charge_refused(conn, taken.item_id, taken.run_id, values)
+            write_charges(conn, charges)
         return bool(owned)
 
-    def _write_owned_alone(self, taken: Taken, values: dict[str, Any], move: str) -> bool:
+    def _write_owned_alone(
+        self, taken: Taken, values: dict[str, Any], charges: list[Charge], move: str
+    ) -> bool:
         """`_write_owned` as a write of its own: on Postgres one statement in autocommit (the
-        refusal's charge, rare, in a transaction after it)."""
+        refusal's charges, rare, in a transaction after it)."""
         if self._db.dialect != "postgresql":
             with self._db.transaction() as conn:
-                return self._write_owned(conn, taken, values, move)
+                return self._write_owned(conn, taken, values, charges, move)
+        params = item_update_params(taken.item_id, values, taken.owner, ItemStatus.RUNNING)
         with self._db.single_statement() as conn:
-            owned = update_item(
-                conn, taken.item_id, values, owner=taken.owner, status=ItemStatus.RUNNING
-            )
+            owned = conn.execute(owned_write(frozenset(values)), params | charge_params(charges))
+            owned = owned.scalar_one()
         if not owned:
-            self._refuse(taken, values, move)
+            self._refuse(taken, charges, move)
         return bool(owned)
 
-    def _refuse(self, taken: Taken, values: dict[str, Any], move: str) -> None:
+    def _refuse(self, taken: Taken, charges: list[Charge], move: str) -> None:
         """After a stage's end written in one statement found the item no longer its pass's:
-        the usage the refused write carried still counts (see `_write_owned`)."""
+        the charges of the usage the refused write carried still count (see `_write_owned`)."""
         _refused(taken.item_id, move, taken.owner)
         with self._db.transaction() as conn:
-            charge_refused(conn, taken.item_id, taken.run_id, values)
+            write_charges(conn, charges)
 
-    def _keep_unwritten(self, spent: Sequence[tuple[Taken, Usage]]) -> None:
+    def _keep_unwritten(self, charges: Sequence[Charge]) -> None:
         """What `_charging` keeps, for extraction's end of several passes."""
-        for taken, usage in spent:
-            if usage != NO_USAGE:
-                self.spool.keep(Charge.new(taken.item_id, taken.run_id, Stage.EXTRACTION, usage))
+        for charge in charges:
+            self.spool.keep(charge)
 
     @contextmanager
-    def _charging(self, taken: Taken, *spent: tuple[Usage, Stage]) -> Iterator[None]:
-        """Around a write that counts what stages `spent`: if the database does not take it
-        (it is down), each usage is kept in the spool, written once it is back, and the error
-        goes on (the task hands its items back). A write whose commit was lost on its way back
-        may have counted it after all: see docs/reliability.md."""
+    def _charging(self, taken: Taken, *spent: tuple[Usage, Stage]) -> Iterator[list[Charge]]:
+        """Around a write that counts what stages `spent`, as the charges it yields, which the
+        write records with their usage (once per charge id: see item_writes.write_charges). If
+        the database does not take the write (it is down), the charges are kept in the spool,
+        written once it is back, and the error goes on (the task hands its items back). A write
+        whose commit was lost on its way back recorded them: the spool's copy counts nothing."""
+        charges = _charges_of(taken, *spent)
         try:
-            yield
+            yield charges
         except SQLAlchemyError:
-            for usage, stage in spent:
-                if usage != NO_USAGE:
-                    self.spool.keep(Charge.new(taken.item_id, taken.run_id, stage, usage))
+            self._keep_unwritten(charges)
             raise
 
     def write_spooled(self) -> int:

@@ -208,10 +208,11 @@ class BrokerEpoch(Base):
 
 
 class UsageCharge(Base):
-    """The usage of answered judge calls that a worker could not write when they were answered
-    (the database was down), written later by recallq.state.usage_spool: one row per charge,
-    keyed by the charge id the spool gave it, so that writing a charge again (a flush whose
-    commit was lost, two workers flushing) never counts it twice."""
+    """A charge counted: the usage of answered judge calls that a stage's end added to its item
+    (recorded by that write), or that the spool (recallq.state.usage_spool) wrote later because
+    the database did not take it then. Keyed by the charge id, so that writing a charge again
+    (the spool's copy of a write whose answer was lost, a flush whose commit was lost, two
+    workers flushing) never counts it twice."""
 
     __tablename__ = "usage_charges"
 
@@ -228,7 +229,7 @@ class UsageCharge(Base):
     cost_usd: Mapped[float] = mapped_column(Float, default=0.0)
     call_attempts: Mapped[int] = mapped_column(Integer, default=0)
     failed_calls: Mapped[int] = mapped_column(Integer, default=0)
-    answered_at: Mapped[datetime]  # when the write that should have counted it failed
+    answered_at: Mapped[datetime]  # when the write that counts it was made
     written_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

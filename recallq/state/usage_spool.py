@@ -8,11 +8,12 @@ should have counted them failed (the database was down). Kept here and written o
                                             (recallq.state.items.ItemStore.write_spooled),
                                             then dropped from both copies
 
-A charge is written in one transaction with its row in `usage_charges`, keyed by its id: a
-charge written twice (a flush whose commit was lost, two workers flushing the same Redis copy,
-the memory and the Redis copy of one charge) is counted once. The only usage still lost is
-that of calls in flight in a process killed by SIGKILL, and of charges kept only in the memory
-of such a process while Redis was down too.
+A charge is written in one transaction with its row in `usage_charges`, keyed by its id, and
+the write that failed recorded the same row had it committed after all (its answer lost): a
+charge written twice (that write and its kept copy, a flush whose commit was lost, two workers
+flushing the same Redis copy, the memory and the Redis copy of one charge) is counted once.
+The only usage still lost is that of calls in flight in a process killed by SIGKILL, and of
+charges kept only in the memory of such a process while Redis was down too.
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ class Charge:
     run_id: str
     stage: Stage
     usage: Usage
-    answered_at: float  # unix seconds: when the write that should have counted it failed
+    answered_at: float  # unix seconds: when the write that counts it was made
 
     @classmethod
     def new(cls, item_id: int, run_id: str, stage: Stage, usage: Usage) -> Charge:

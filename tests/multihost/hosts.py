@@ -192,8 +192,8 @@ class Host:
         os.kill(self.wire.pid, signal.SIGHUP)
 
     def queries_sent(self) -> int:
-        """Frames carrying data that this host's wire saw going to Postgres (each statement,
-        BEGIN and COMMIT one frame; read from the wire's stats file on SIGUSR1)."""
+        """Sends of data that this host's wire saw going to Postgres: each statement, BEGIN and
+        COMMIT one however many frames it takes (read from the wire's stats file on SIGUSR1)."""
         assert self.delay_file is not None and self.wire is not None, "no wire on this host"
         stats = self.delay_file.with_suffix(".stats")
         stats.unlink(missing_ok=True)

@@ -6,8 +6,9 @@ without it (CONFIG_NET_SCH_NETEM is not set), so the worker hosts' data links go
 process: the same effect as `tc qdisc add dev <worker's link> root netem delay 200ms` behind
 a filter for Postgres (frames towards ADDR:PORT wait, in order; every other frame, the answers
 included, passes at once). The delay changes on SIGHUP, read from `--delay-file` (a number of
-milliseconds; 0 or a missing file: none). On SIGUSR1 it writes how many frames carrying data
-went towards ADDR:PORT (delayed or not) to the delay file's name with `.stats` for a suffix.
+milliseconds; 0 or a missing file: none). On SIGUSR1 it writes how many sends of data
+(statements: see `ends_a_send`) went towards ADDR:PORT (delayed or not) to the delay file's
+name with `.stats` for a suffix.
 
 Run in the switch's namespace (`ip netns exec SW python -m tests.multihost.wire ...`); it
 prints ``WIRE_READY`` once both TAP devices exist. They are this process's: they vanish with it.
@@ -32,6 +33,7 @@ IFF_TAP = 0x0002
 IFF_NO_PI = 0x1000
 ETH_IPV4 = 0x0800
 TCP = 6
+PSH = 0x08
 MAX_FRAME = 65536
 
 
@@ -45,6 +47,20 @@ def open_tap(name: str) -> int:
 def flow_payload(frame: bytes, address: bytes, port: int) -> int | None:
     """The TCP payload's length of an Ethernet frame carrying IPv4 TCP to `address` (4 bytes)
     and `port`; None for any other frame."""
+    found = _flow_segment(frame, address, port)
+    return None if found is None else found[0]
+
+
+def ends_a_send(frame: bytes, address: bytes, port: int) -> bool:
+    """Whether the frame carries the last piece of data the client sent at once (TCP's PSH
+    flag, which Linux sets on the last segment of a write): one statement, however many
+    frames its text takes."""
+    found = _flow_segment(frame, address, port)
+    return found is not None and found[0] > 0 and bool(found[1] & PSH)
+
+
+def _flow_segment(frame: bytes, address: bytes, port: int) -> tuple[int, int] | None:
+    """(payload length, TCP flags) of a frame of the flow; None for any other frame."""
     if len(frame) < 34 or struct.unpack_from("!H", frame, 12)[0] != ETH_IPV4:
         return None
     header = (frame[14] & 0x0F) * 4
@@ -53,7 +69,7 @@ def flow_payload(frame: bytes, address: bytes, port: int) -> int | None:
     if struct.unpack_from("!H", frame, 14 + header + 2)[0] != port:
         return None
     total = struct.unpack_from("!H", frame, 16)[0]
-    return total - header - (frame[14 + header + 12] >> 4) * 4
+    return total - header - (frame[14 + header + 12] >> 4) * 4, frame[14 + header + 13]
 
 
 def read_delay(path: Path | None) -> float:
@@ -102,7 +118,7 @@ def run(host_side: str, switch_side: str, to: str, delay_file: Path | None) -> N
                 except OSError:  # its side is down
                     break
                 payload = flow_payload(frame, *flow) if source == a else None
-                if payload:
+                if payload and ends_a_send(frame, *flow):
                     sent += 1
                 if payload is not None and delay:
                     held.append((time.monotonic() + delay, frame))

@@ -27,7 +27,8 @@
 -- before:  ARGV[12] a fresh token, used if this caller becomes the probe
 --          returns {'closed'} | {'probe', token} | {'open', until, reason, since}
 -- record:  ARGV[12] 'ok' | 'fail', ARGV[13] reason, ARGV[14] cool-down asked for by the
---          provider (Retry-After, already capped) or '', ARGV[15] the caller's probe token or ''
+--          provider (Retry-After, already capped) or '', ARGV[15] the caller's probe token or '',
+--          ARGV[16] successes the caller saw before this outcome and held, counted first
 --          returns what happened: 'counted' | 'opened' | 'closed' | 'reopened' | 'ignored'
 -- release: ARGV[12] the token of a probe whose call was never sent: open again, probe now
 
@@ -90,6 +91,7 @@ local failed = ARGV[12] == 'fail'
 local reason = ARGV[13]
 local asked_cool_down = tonumber(ARGV[14])
 local token = ARGV[15]
+local held = tonumber(ARGV[16]) or 0
 
 local s = redis.call('HMGET', key, 'status', 'probe', 'cool_down')
 if s[1] then
@@ -124,9 +126,11 @@ local e, n, f = 'e' .. slot, 'n' .. slot, 'f' .. slot
 if tonumber(redis.call('HGET', key, e)) ~= epoch then
   redis.call('HSET', key, e, epoch, n, 0, f, 0)
 end
-redis.call('HINCRBY', key, n, 1)
-if not failed then
+redis.call('HINCRBY', key, n, 1 + held)
+if not failed or held > 0 then  -- a success ends the failures in a row
   redis.call('HSET', key, 'consec', 0)
+end
+if not failed then
   expire(now)
   return 'counted'
 end

@@ -59,6 +59,11 @@ if TYPE_CHECKING:
 
 # The window is counted in this many buckets (see the module docstring).
 _BUCKETS = 10
+# How long a worker process takes a model's breaker for closed once Redis said so, and holds the
+# successes it records before counting them there together: two of a judge call's four Redis
+# round trips, on almost every call (issue 29). A breaker opened elsewhere stops this process's
+# calls within this long; a failure is counted at once (with the successes held before it).
+LOCAL_VIEW_S = 0.25
 # A provider's Retry-After is honoured beyond max_cool_down (it knows best), but not beyond
 # this: a bogus header must not silence a model for a day.
 MAX_RETRY_AFTER = 3600.0
@@ -171,7 +176,8 @@ def _text(value: bytes | str | None) -> str:
 class RedisCircuitBreaker:
     """The breaker for distributed mode: state in a Redis hash per model, `key(model)`,
     changed only by breaker.lua. `clock` is passed into the script, so every host's clock
-    must agree to well within `window_s` (as NTP gives)."""
+    must agree to well within `window_s` (as NTP gives). `local_view_s`: see LOCAL_VIEW_S
+    (0: every call asks Redis, every outcome is counted at once)."""
 
     def __init__(
         self,
@@ -179,10 +185,19 @@ class RedisCircuitBreaker:
         settings: BreakerSettings = BreakerSettings(),
         *,
         clock: Callable[[], float] = time.time,
+        local_view_s: float = LOCAL_VIEW_S,
     ) -> None:
         self._redis = redis
         self._clock = clock
         self._script = scripts.register(redis, "breaker")
+        self._local_view_s = local_view_s
+        self._bucket_s = settings.window_s / _BUCKETS
+        self._window_s = settings.window_s
+        self._lock = threading.Lock()
+        # model → when (monotonic) Redis last said its breaker was closed
+        self._closed_seen: dict[str, float] = {}
+        # model → successes not counted in Redis yet: (count, first at (monotonic, clock))
+        self._held: dict[str, tuple[int, float, float]] = {}
         self._settings_args = [
             settings.window_s,
             _BUCKETS,
@@ -221,16 +236,44 @@ class RedisCircuitBreaker:
         return sorted({keys.model_of_breaker(_text(key)) for key in due})
 
     def before_call(self, model: str) -> Closed | Probe | Open:
+        asked_at = time.monotonic()
+        with self._lock:
+            seen = self._closed_seen.get(model)
+        if seen is not None and asked_at - seen < self._local_view_s:
+            return Closed()
         reply: list[bytes | str] = self._run(model, "before", uuid.uuid4().hex)
         kind = _text(reply[0])
         if kind == "closed":
+            with self._lock:
+                self._closed_seen[model] = asked_at
             return Closed()
         if kind == "probe":
             return Probe(_text(reply[1]))
         return Open(until=float(reply[1]), reason=_text(reply[2]), since=float(reply[3]))
 
     def record_success(self, model: str, probe: Probe | None = None) -> None:
-        self._run(model, "record", "ok", "", "", probe.token if probe else "")
+        if probe is not None:  # the probe's answer closes the breaker: at once
+            self._take_held(model)  # from before it opened: the fresh window leaves them out
+            self._run(model, "record", "ok", "", "", probe.token, "0")
+            return
+        now, clock = time.monotonic(), self._clock()
+        with self._lock:
+            count, first, first_clock = self._held.get(model, (0, now, clock))
+            count += 1
+            due = now - first >= self._local_view_s or clock - first_clock >= self._bucket_s
+            if due:
+                self._held.pop(model, None)
+            else:
+                self._held[model] = (count, first, first_clock)
+        if due:
+            self._run(model, "record", "ok", "", "", "", str(count - 1))
+
+    def _take_held(self, model: str) -> int:
+        """The successes held for the model, taken to be counted now (none that the window has
+        left behind)."""
+        with self._lock:
+            count, _, first_clock = self._held.pop(model, (0, 0.0, 0.0))
+        return count if self._clock() - first_clock < self._window_s else 0
 
     def record_failure(
         self,
@@ -240,6 +283,8 @@ class RedisCircuitBreaker:
         probe: Probe | None = None,
     ) -> None:
         asked = _asked_cool_down(retry_after)
+        with self._lock:  # the next call asks Redis: this failure may have opened it
+            self._closed_seen.pop(model, None)
         what = self._run(
             model,
             "record",
@@ -247,6 +292,7 @@ class RedisCircuitBreaker:
             reason,
             "" if asked is None else repr(asked),
             probe.token if probe else "",
+            str(self._take_held(model)),
         )
         metrics.breaker_recorded(model, _text(what))
 

@@ -64,8 +64,10 @@ def breakers(request: pytest.FixtureRequest, clock: FakeClock) -> Breakers:
             # local mode is one process: its "workers" are threads sharing one breaker
             return [LocalCircuitBreaker(BreakerSettings(**settings), clock=clock)] * count
         client = request.getfixturevalue("redis_server")
+        # every call asks Redis and every outcome is counted at once: the script's behaviour
+        # (the local view a worker keeps between its calls has a test of its own below)
         return [
-            RedisCircuitBreaker(client, BreakerSettings(**settings), clock=clock)
+            RedisCircuitBreaker(client, BreakerSettings(**settings), clock=clock, local_view_s=0)
             for _ in range(count)
         ]
 
@@ -348,7 +350,7 @@ def _dirty(client: redis.Redis) -> int:
 def test_asking_an_open_breaker_writes_nothing(
     redis_server: redis.Redis, clock: FakeClock, model: str
 ) -> None:
-    breaker = RedisCircuitBreaker(redis_server, clock=clock)
+    breaker = RedisCircuitBreaker(redis_server, clock=clock, local_view_s=0)
     _opened_by_storm(breaker, model)
     writes = _dirty(redis_server)
     for _ in range(50):
@@ -361,6 +363,7 @@ def test_every_key_expires_when_idle(redis_server: redis.Redis, model: str) -> N
     breaker = RedisCircuitBreaker(
         redis_server,
         BreakerSettings(window_s=0.2, base_cool_down=0.2, max_cool_down=0.4, probe_timeout=0.3),
+        local_view_s=0,
     )
     key = keys.breaker(model)
     breaker.record_success(model)
@@ -382,7 +385,7 @@ def test_a_client_that_decodes_responses_works_too(
 ) -> None:
     port = redis_server.connection_pool.connection_kwargs["port"]
     client = redis.Redis(port=port, decode_responses=True)
-    breaker = RedisCircuitBreaker(client, clock=clock)
+    breaker = RedisCircuitBreaker(client, clock=clock, local_view_s=0)
     _opened_by_storm(breaker, model)
     assert _open(breaker, model).reason == UNAVAILABLE
     clock.advance(5.0)
@@ -403,7 +406,9 @@ def test_wakes_say_when_a_probe_is_due_and_when_it_closed(
 ) -> None:
     """breaker.lua notes when workers should look at a model (recallq.execution.breaker_wakes
     sends an item then): each probe's time, a probe's deadline, and now when it closes."""
-    breaker = RedisCircuitBreaker(redis_server, BreakerSettings(probe_timeout=60.0), clock=clock)
+    breaker = RedisCircuitBreaker(
+        redis_server, BreakerSettings(probe_timeout=60.0), clock=clock, local_view_s=0
+    )
 
     def wake() -> float | None:
         return redis_server.zscore(keys.BREAKER_WAKES, keys.breaker(model))
@@ -425,3 +430,79 @@ def test_wakes_say_when_a_probe_is_due_and_when_it_closed(
     assert breaker.state(model) is None
     assert wake() == _at(clock.now)  # closed: its waiting items go at once
     assert model in breaker.take_due_wakes() and wake() is None
+
+
+def _window(client: redis.Redis, model: str) -> tuple[int, int, int]:
+    """(calls, failures, failures in a row) that Redis holds for a closed breaker."""
+    fields: dict[bytes, bytes] = client.hgetall(keys.breaker(model))  # type: ignore[assignment]
+    state = {k.decode(): int(v) for k, v in fields.items() if k[:1] in (b"n", b"f", b"c")}
+    calls = sum(v for k, v in state.items() if k.startswith("n"))
+    failures = sum(v for k, v in state.items() if k.startswith("f"))
+    return calls, failures, state.get("consec", 0)
+
+
+class _CountedConnection(redis.Connection):
+    """A connection that counts the commands it sends (round trips: nothing is pipelined)."""
+
+    sent = 0
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        type(self).sent += 1
+        super().send_packed_command(command, check_health)
+
+
+def test_a_worker_keeps_a_local_view_between_its_calls(
+    redis_server: redis.Redis, model: str
+) -> None:
+    """Issue 29: a worker takes a closed breaker for closed for `local_view_s` without asking
+    Redis, and holds its successes until then, counting them before its next failure; a
+    breaker opened by another worker stops its calls once the view is old, or at once after
+    one of its own calls failed."""
+    view = 2.0
+    kwargs = redis_server.connection_pool.connection_kwargs
+    pool = redis.ConnectionPool(
+        connection_class=_CountedConnection, port=kwargs["port"], db=kwargs["db"]
+    )
+    worker = RedisCircuitBreaker(redis.Redis(connection_pool=pool), local_view_s=view)
+    other = RedisCircuitBreaker(redis_server, local_view_s=0)
+    assert worker.before_call(model) == Closed()  # asked Redis
+    trips = _CountedConnection.sent
+    assert trips > 0
+    for _ in range(20):
+        assert worker.before_call(model) == Closed()
+        worker.record_success(model)
+    assert _CountedConnection.sent == trips  # 20 calls, no round trip
+    assert _window(redis_server, model) == (0, 0, 0)  # the successes are held
+
+    for _ in range(4):
+        other.record_failure(model, UNAVAILABLE)
+    assert _window(redis_server, model) == (4, 4, 4)
+    worker.record_failure(model, UNAVAILABLE)  # its 20 successes came before: counted first
+    assert _window(redis_server, model) == (25, 5, 1)
+
+    other.before_call(model)
+    for _ in range(5):
+        other.record_failure(model, UNAVAILABLE)  # opened by the other worker
+    assert isinstance(other.before_call(model), Open)
+    assert isinstance(worker.before_call(model), Open)  # its failure dropped its view
+
+    fresh = f"{model}-b"
+    assert worker.before_call(fresh) == Closed()
+    for _ in range(5):
+        other.record_failure(fresh, UNAVAILABLE)
+    assert worker.before_call(fresh) == Closed()  # the view, at most `view` seconds old
+    time.sleep(view)
+    assert isinstance(worker.before_call(fresh), Open)
+    pool.disconnect()
+
+
+def test_held_successes_are_counted_once_the_view_is_old(
+    redis_server: redis.Redis, model: str
+) -> None:
+    worker = RedisCircuitBreaker(redis_server, local_view_s=0.3)
+    for _ in range(3):
+        worker.record_success(model)
+    assert _window(redis_server, model) == (0, 0, 0)
+    time.sleep(0.3)
+    worker.record_success(model)  # the view is old: these four are counted together
+    assert _window(redis_server, model) == (4, 0, 0)

@@ -80,7 +80,7 @@ def test_a_due_probe_sends_one_waiting_item_and_a_closed_breaker_sends_them_all(
     clock = Clock()
     client = runtime.redis
     assert isinstance(client, redis.Redis)
-    breaker = RedisCircuitBreaker(client, BreakerSettings(), clock=clock)
+    breaker = RedisCircuitBreaker(client, BreakerSettings(), clock=clock, local_view_s=0)
     queue = RecordingQueue()
     wakes = BreakerWakes(client, breaker, runtime.items, queue, "host:1")
     for _ in range(5):  # the incident opens the breaker: a probe in 5 s

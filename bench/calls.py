@@ -4,8 +4,9 @@ in-process against the stub (no latency), `python -m bench --sections calls`.
 Each lane is measured twice: its transport alone (the HTTP request and the answer read), and
 a whole call through LLMJudge with real coordination in a Redis of its own (the call gate and
 the circuit breaker in Redis; a model without rpm/tpm has no rate-limiter round trip, as in a
-worker), i.e. what a worker thread spends per call besides the pipeline. A raw httpx POST of
-the same request is the floor. CPU is this process's (time.process_time: the stub and Redis
+worker), i.e. what a worker thread spends per call besides the pipeline. A POST of the same
+request through one pooled httpx.Client is the reference (the direct lane's transport skips the
+client's per-request work and goes below it). CPU is this process's (time.process_time: the stub and Redis
 run in processes of their own); rounds alternate the paths, and the median round is shown.
 """
 
@@ -20,7 +21,7 @@ from typing import Any
 
 import httpx
 
-FLOOR = "raw httpx POST, one pooled client (floor)"
+FLOOR = "httpx.Client POST, one pooled client (reference)"
 GROUND_TRUTH = "Ada Lovelace was born in 1815. She wrote the first program."
 
 
@@ -100,7 +101,7 @@ def _judged(judge: Any) -> Callable[[], object]:
 def rows(args: argparse.Namespace) -> list[tuple[str, ...]]:
     figures = measure(args)
     floor = figures[FLOOR][0]
-    table: list[tuple[str, ...]] = [("path", "CPU ms/call", "wall ms/call", "CPU vs floor")]
+    table: list[tuple[str, ...]] = [("path", "CPU ms/call", "wall ms/call", "CPU vs reference")]
     for name, (cpu, wall) in figures.items():
         table.append((name, f"{cpu:.2f}", f"{wall:.2f}", f"{cpu / floor:.1f}x"))
     return table

@@ -89,10 +89,15 @@ class OpenAICompatibleTransport:
         # judge call, each redacted and written, is CPU spent on noise. Warnings still show.
         for name in ("httpx", "httpcore"):
             logging.getLogger(name).setLevel(logging.WARNING)
-        self._client = httpx.Client(
-            headers={"Content-Type": "application/json", **endpoint.headers},
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=KEEP_ALIVE),
+        # The pooled transport without httpx.Client around it: a judge call needs none of the
+        # client's per-request work (merging the URL and headers, cookies, auth, redirects,
+        # event hooks), which cost as much CPU as the HTTP exchange itself (issue 29).
+        self._transport = httpx.HTTPTransport(
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=KEEP_ALIVE)
         )
+        self._url = httpx.URL(endpoint.url)
+        defaults = httpx.Client().headers  # what httpx.Client would send (Accept, User-Agent...)
+        self._headers = {**defaults, "Content-Type": "application/json", **endpoint.headers}
 
     def complete(
         self, messages: list[dict[str, str]], response_format: dict[str, Any], timeout: float
@@ -104,12 +109,17 @@ class OpenAICompatibleTransport:
             "response_format": response_format,
         }
         content = json.dumps(body, separators=(",", ":")).encode()
-        request = self._client.build_request(
-            "POST", self._endpoint.url, content=content, timeout=timeout
+        request = httpx.Request(
+            "POST",
+            self._url,
+            headers=self._headers,
+            content=content,
+            extensions={"timeout": httpx.Timeout(timeout).as_dict()},
         )
         deadline = time.monotonic() + timeout
         try:
-            response = self._client.send(request, stream=True)
+            response = self._transport.handle_request(request)
+            response.request = request
             try:
                 if response.status_code != 200:
                     raise _status_error(response, _read_error(response, deadline))

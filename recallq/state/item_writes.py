@@ -31,6 +31,7 @@ from sqlalchemy import (
     delete,
     exists,
     func,
+    literal_column,
     or_,
     select,
     true,
@@ -59,10 +60,16 @@ items, runs, claims_table, kept_views, usage_charges, claim_cache = (
     cast(Table, ClaimCache.__table__),
 )
 
+#: An item queued or running, its statuses written into the statement: an IN list of bound
+#: values is an "expanding" parameter, which SQLAlchemy renders again, with the whole statement
+#: around it, at every execution.
+ITEM_IS_IN_FLIGHT = items.c.status.in_(
+    [literal_column(f"'{status}'") for status in sorted(ITEM_IN_FLIGHT)]
+)
 IN_FLIGHT = (
     select(func.count())
     .select_from(items)
-    .where(items.c.run_id == bindparam("b_run"), items.c.status.in_(ITEM_IN_FLIGHT))
+    .where(items.c.run_id == bindparam("b_run"), ITEM_IS_IN_FLIGHT)
 )
 # columns that an update adds to instead of setting
 COUNTERS = (
@@ -383,7 +390,7 @@ def ended_statement(keys: frozenset[str]) -> Select[Any]:
         .select_from(items)
         .where(
             items.c.run_id == bindparam("b_run"),
-            items.c.status.in_(ITEM_IN_FLIGHT),
+            ITEM_IS_IN_FLIGHT,
             items.c.id != bindparam("b_id"),  # the item itself, which ends here
         )
         .scalar_subquery()

@@ -21,10 +21,11 @@ from sqlalchemy import (
 from sqlalchemy.orm import Session
 
 from recallq.core.inputs import text_problem
-from recallq.core.status import ITEM_ENDED, ITEM_IN_FLIGHT, RUN_ENDED, ItemStatus, RunStatus
+from recallq.core.status import ITEM_ENDED, RUN_ENDED, ItemStatus, RunStatus
 from recallq.settings import Settings
 from recallq.state.db import Database
 from recallq.state.item_writes import (
+    ITEM_IS_IN_FLIGHT,
     items,
     runs,
     update_items_in_id_order,
@@ -125,7 +126,7 @@ class RunStore:
             in_flight = conn.execute(
                 select(func.count())
                 .select_from(items)
-                .where(items.c.run_id == run_id, items.c.status.in_(ITEM_IN_FLIGHT))
+                .where(items.c.run_id == run_id, ITEM_IS_IN_FLIGHT)
             ).scalar_one()
             return update_items_in_id_order(
                 conn,
@@ -257,7 +258,7 @@ class RunStore:
             resumed = update_items_in_id_order(
                 conn,
                 items.c.run_id == run_id,
-                items.c.status.in_(ITEM_IN_FLIGHT),
+                ITEM_IS_IN_FLIGHT,
                 values={"status": ItemStatus.PENDING, "owner": None, "lease_until": None},
             )
         return len(resumed)

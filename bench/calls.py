@@ -6,8 +6,9 @@ a whole call through LLMJudge with real coordination in a Redis of its own (the 
 the circuit breaker in Redis; a model without rpm/tpm has no rate-limiter round trip, as in a
 worker), i.e. what a worker thread spends per call besides the pipeline. A POST of the same
 request through one pooled httpx.Client is the reference (the direct lane's transport skips the
-client's per-request work and goes below it). CPU is this process's (time.process_time: the stub and Redis
-run in processes of their own); rounds alternate the paths, and the median round is shown.
+client's per-request work and goes below it). CPU is this process's (time.process_time: the
+stub and Redis run in processes of their own); rounds alternate the paths, and the median
+round is shown.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from recallq.judge.transport import (
     causes,
     reported_tokens,
     retry_after_seconds,
+    status_error,
     unavailable,
 )
 
@@ -105,13 +106,29 @@ class LitellmTransport:
             ) from None  # the provider's text, unredacted, stays out of every traceback
         except _PERMANENT as exc:
             raise PermanentProviderError(type(exc).__name__, _message(exc)) from None
+        except (litellm.APIError, openai.APIStatusError) as exc:
+            # a status litellm has no exception of its own for (a 403 of some providers, a
+            # 409): what it means is the status's, as on the direct lane
+            status = getattr(exc, "status_code", None)
+            if isinstance(status, int) and 400 <= status < 600:
+                raise status_error(status, _message(exc), _retry_after(exc)) from None
+            raise TransientProviderError(
+                type(exc).__name__, _message(exc), unavailable(None), _retry_after(exc)
+            ) from None
+        choices = getattr(response, "choices", None)
+        choice = choices[0] if choices else None
+        message = getattr(choice, "message", None)
+        if message is None:  # litellm hands back nothing for some error statuses (a 422)
+            raise TransientProviderError(
+                "APIError", "the provider answered without a chat completion", unavailable(None)
+            )
         reported = getattr(response, "usage", None)
         prompt = reported_tokens(getattr(reported, "prompt_tokens", 0))
         completion = reported_tokens(getattr(reported, "completion_tokens", 0))
         cost = float(response._hidden_params.get("response_cost") or 0.0) if self._priced else 0.0
         cost = cost if math.isfinite(cost) and cost > 0 else 0.0
-        choice = response.choices[0]
-        return Answer(choice.message.content, choice.finish_reason, prompt, completion, cost)
+        finish = getattr(choice, "finish_reason", None)
+        return Answer(message.content, finish, prompt, completion, cost)
 
 
 def _message(exc: Exception) -> str:

@@ -26,11 +26,11 @@ from recallq.judge.transport import (
     TIMEOUTS,
     Answer,
     PermanentProviderError,
-    RateLimitedByProvider,
     TransientProviderError,
     causes,
     reported_tokens,
     retry_after_seconds,
+    status_error,
     unavailable,
 )
 
@@ -46,26 +46,6 @@ _TAIL_BYTES = 8 * 1024
 _USAGE = {
     name: re.compile(rb'"' + name.encode() + rb'"\s*:\s*(\d+)')
     for name in ("prompt_tokens", "completion_tokens")
-}
-_CONTEXT_WINDOW = (
-    "context_length_exceeded",
-    "context length",
-    "maximum context",
-    "too many tokens",
-)
-#: litellm's exception names for error statuses: users and tests read them
-_PERMANENT_KIND = {
-    400: "BadRequestError",
-    401: "AuthenticationError",
-    403: "PermissionDeniedError",
-    404: "NotFoundError",
-    422: "UnprocessableEntityError",
-}
-_TRANSIENT_KIND = {
-    408: "Timeout",
-    500: "InternalServerError",
-    502: "BadGatewayError",
-    503: "ServiceUnavailableError",
 }
 
 
@@ -208,25 +188,13 @@ def _read_error(response: httpx.Response, deadline: float) -> bytes:
 
 def _status_error(response: httpx.Response, body: bytes) -> Exception:
     status = response.status_code
-    message = f"Error code: {status} - {_error_message(body)}"
-    if status == 429:
-        return RateLimitedByProvider(
-            message, retry_after_seconds(response.headers.get("retry-after"))
-        )
-    if status in (408, 409) or status >= 500:
-        retry_after = retry_after_seconds(response.headers.get("retry-after"))
-        reason = TIMEOUTS if status == 408 else unavailable(status)
-        kind = _TRANSIENT_KIND.get(status, "InternalServerError" if status >= 500 else "APIError")
-        return TransientProviderError(kind, message, reason, retry_after)
     if 300 <= status < 400:  # the OpenAI SDK follows no redirect either: api_base is wrong
         location = response.headers.get("location", "")
         return PermanentProviderError(
             "APIError", f"Error code: {status} - redirected to {location}: is api_base right?"
         )
-    kind = _PERMANENT_KIND.get(status, "BadRequestError")
-    if status == 400 and any(words in message.lower() for words in _CONTEXT_WINDOW):
-        kind = "ContextWindowExceededError"
-    return PermanentProviderError(kind, message)
+    message = f"Error code: {status} - {_error_message(body)}"
+    return status_error(status, message, retry_after_seconds(response.headers.get("retry-after")))
 
 
 def _error_message(body: bytes) -> str:

@@ -90,6 +90,43 @@ class PermanentProviderError(ProviderError):
     unknown model): another try gets the same answer."""
 
 
+#: litellm's exception names for error statuses: users and tests read them
+_PERMANENT_KIND = {
+    400: "BadRequestError",
+    401: "AuthenticationError",
+    403: "PermissionDeniedError",
+    404: "NotFoundError",
+    422: "UnprocessableEntityError",
+}
+_TRANSIENT_KIND = {
+    408: "Timeout",
+    500: "InternalServerError",
+    502: "BadGatewayError",
+    503: "ServiceUnavailableError",
+}
+_CONTEXT_WINDOW = (
+    "context_length_exceeded",
+    "context length",
+    "maximum context",
+    "too many tokens",
+)
+
+
+def status_error(status: int, message: str, retry_after: float | None) -> ProviderError:
+    """What a provider's error status means, on either lane: a 429 slows every caller; a
+    408, a 409 and a 5xx are worth another try; anything else says the request is wrong."""
+    if status == 429:
+        return RateLimitedByProvider(message, retry_after)
+    if status in (408, 409) or status >= 500:
+        reason = TIMEOUTS if status == 408 else unavailable(status)
+        kind = _TRANSIENT_KIND.get(status, "InternalServerError" if status >= 500 else "APIError")
+        return TransientProviderError(kind, message, reason, retry_after)
+    kind = _PERMANENT_KIND.get(status, "BadRequestError")
+    if status == 400 and any(words in message.lower() for words in _CONTEXT_WINDOW):
+        kind = "ContextWindowExceededError"
+    return PermanentProviderError(kind, message)
+
+
 class Transport(Protocol):
     def complete(
         self, messages: list[dict[str, str]], response_format: dict[str, Any], timeout: float

@@ -327,13 +327,17 @@ def test_a_worker_on_the_direct_lane_scores_a_run_without_importing_litellm(
     assert "HTTP Request:" not in worker.output()  # no log line per judge call
 
 
-def _answering(body: bytes, content_type: str = "application/json") -> ThreadingHTTPServer:
-    """A provider that answers every request 200 with `body`."""
+def _answering(
+    body: bytes, content_type: str = "application/json", status: int = 200
+) -> ThreadingHTTPServer:
+    """A provider that answers every request `status` with `body`."""
 
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers["content-length"]))
-            self.send_response(200)
+            self.send_response(status)
+            if 300 <= status < 400:
+                self.send_header("location", "http://elsewhere.invalid/v1/chat/completions")
             self.send_header("content-type", content_type)
             self.send_header("content-length", str(len(body)))
             self.end_headers()
@@ -393,3 +397,48 @@ def test_a_body_nested_too_deep_to_parse_makes_the_item_wait() -> None:
     finally:
         server.shutdown()
     assert waits.value.reason == "provider unavailable"
+
+
+ERROR_BODY = json.dumps({"error": {"message": "the provider says no", "type": "x"}}).encode()
+WAITS, FAILS = "waits", "fails"
+
+
+@pytest.mark.parametrize(
+    ("status", "direct", "through_litellm"),
+    [
+        (403, (FAILS, "PermissionDeniedError"), (FAILS, "PermissionDeniedError")),
+        (404, (FAILS, "NotFoundError"), (FAILS, "NotFoundError")),
+        (409, (WAITS, "provider unavailable (409)"), (WAITS, "provider unavailable (409)")),
+        (418, (FAILS, "BadRequestError"), (FAILS, "BadRequestError")),
+        # litellm hands back no response for a 422, and follows no redirect: the item waits
+        (422, (FAILS, "UnprocessableEntityError"), (WAITS, "provider unavailable")),
+        (302, (FAILS, "is api_base right?"), (WAITS, "connection errors")),
+    ],
+)
+def test_each_error_status_is_a_judge_error_on_either_lane(
+    status: int, direct: tuple[str, str], through_litellm: tuple[str, str]
+) -> None:
+    """A provider's answer with this status fails the item at once (the call is wrong) or makes
+    it wait (the provider is in trouble), on either lane; never an error the engine does not
+    know (a 403, a 409 or a 422 through litellm were: the item was retried by the reaper, with
+    a traceback each time)."""
+    server = _answering(ERROR_BODY, status=status)
+    api_base = f"http://127.0.0.1:{server.server_port}/v1"
+    try:
+        for lane, (outcome, said) in (("auto", direct), ("litellm", through_litellm)):
+            params = {"model": "openai/stub-judge", "api_base": api_base, "api_key": KEY}
+            config = ModelConfig("m", params, transport=lane)
+            judge = LLMJudge(
+                config, FAST_RETRIES, Unlimited(), OpenGate(), LocalCircuitBreaker(), 30
+            )
+            expected = PermanentJudgeError if outcome == FAILS else ProviderUnavailable
+            with pytest.raises(expected) as raised:
+                judge.extract_claims(GROUND_TRUTH, "r")
+            message = str(raised.value)
+            assert said in message, (lane, message)
+            assert KEY not in message
+            if outcome == WAITS:
+                assert isinstance(raised.value, ProviderUnavailable)
+                assert raised.value.reason == said, (lane, raised.value.reason)
+    finally:
+        server.shutdown()

@@ -4,6 +4,7 @@
 --   closed:      e<i>/n<i>/f<i>  bucket i of the sliding window: its epoch (bucket number since
 --                               1970), calls and failures counted in it
 --                consec         transient failures in a row
+--                last_failure   when the latest failure was recorded
 --                reason         the latest failure's reason
 --   open/half-open (status present; the window is gone):
 --                status         'open' | 'half_open' (a probe is out)
@@ -28,7 +29,9 @@
 --          returns {'closed'} | {'probe', token} | {'open', until, reason, since}
 -- record:  ARGV[12] 'ok' | 'fail', ARGV[13] reason, ARGV[14] cool-down asked for by the
 --          provider (Retry-After, already capped) or '', ARGV[15] the caller's probe token or '',
---          ARGV[16] successes the caller saw before this outcome and held, counted first
+--          ARGV[16] successes the caller saw before this outcome and held, counted first,
+--          ARGV[17] when the last of them was seen ('' for none): they end the failures in a
+--          row only if no failure was recorded since (field last_failure)
 --          returns what happened: 'counted' | 'opened' | 'closed' | 'reopened' | 'ignored'
 -- release: ARGV[12] the token of a probe whose call was never sent: open again, probe now
 
@@ -92,6 +95,7 @@ local reason = ARGV[13]
 local asked_cool_down = tonumber(ARGV[14])
 local token = ARGV[15]
 local held = tonumber(ARGV[16]) or 0
+local held_last = tonumber(ARGV[17])
 
 local s = redis.call('HMGET', key, 'status', 'probe', 'cool_down')
 if s[1] then
@@ -127,7 +131,13 @@ if tonumber(redis.call('HGET', key, e)) ~= epoch then
   redis.call('HSET', key, e, epoch, n, 0, f, 0)
 end
 redis.call('HINCRBY', key, n, 1 + held)
-if not failed or held > 0 then  -- a success ends the failures in a row
+-- a success ends the failures in a row: this one, or a held one seen after the last failure
+-- (held ones seen before it, with other workers' failures since, do not)
+local ended_run = not failed
+if failed and held > 0 and held_last then
+  ended_run = held_last >= (tonumber(redis.call('HGET', key, 'last_failure')) or 0)
+end
+if ended_run then
   redis.call('HSET', key, 'consec', 0)
 end
 if not failed then
@@ -135,7 +145,7 @@ if not failed then
   return 'counted'
 end
 redis.call('HINCRBY', key, f, 1)
-redis.call('HSET', key, 'reason', reason)
+redis.call('HSET', key, 'reason', reason, 'last_failure', now)
 local in_a_row = redis.call('HINCRBY', key, 'consec', 1)
 
 local fields = {}

@@ -196,8 +196,12 @@ class RedisCircuitBreaker:
         self._lock = threading.Lock()
         # model → when (monotonic) Redis last said its breaker was closed
         self._closed_seen: dict[str, float] = {}
-        # model → successes not counted in Redis yet: (count, first at (monotonic, clock))
-        self._held: dict[str, tuple[int, float, float]] = {}
+        # model → when (monotonic) a call of this process last failed: a "closed" asked for
+        # before then is no view to keep
+        self._failed_at: dict[str, float] = {}
+        # model → successes not counted in Redis yet: (count, the first at (monotonic, clock),
+        # the last at (clock))
+        self._held: dict[str, tuple[int, float, float, float]] = {}
         self._settings_args = [
             settings.window_s,
             _BUCKETS,
@@ -243,9 +247,13 @@ class RedisCircuitBreaker:
             return Closed()
         reply: list[bytes | str] = self._run(model, "before", uuid.uuid4().hex)
         kind = _text(reply[0])
+        with self._lock:
+            if kind == "closed":
+                if asked_at > self._failed_at.get(model, 0.0):
+                    self._closed_seen[model] = asked_at
+            else:  # an incident: what was held from before it does not belong to what follows
+                self._held.pop(model, None)
         if kind == "closed":
-            with self._lock:
-                self._closed_seen[model] = asked_at
             return Closed()
         if kind == "probe":
             return Probe(_text(reply[1]))
@@ -253,27 +261,28 @@ class RedisCircuitBreaker:
 
     def record_success(self, model: str, probe: Probe | None = None) -> None:
         if probe is not None:  # the probe's answer closes the breaker: at once
-            self._take_held(model)  # from before it opened: the fresh window leaves them out
-            self._run(model, "record", "ok", "", "", probe.token, "0")
+            self._run(model, "record", "ok", "", "", probe.token, "0", "")
             return
         now, clock = time.monotonic(), self._clock()
         with self._lock:
-            count, first, first_clock = self._held.get(model, (0, now, clock))
+            count, first, first_clock, _ = self._held.get(model, (0, now, clock, clock))
             count += 1
             due = now - first >= self._local_view_s or clock - first_clock >= self._bucket_s
             if due:
                 self._held.pop(model, None)
             else:
-                self._held[model] = (count, first, first_clock)
+                self._held[model] = (count, first, first_clock, clock)
         if due:
-            self._run(model, "record", "ok", "", "", "", str(count - 1))
+            self._run(model, "record", "ok", "", "", "", str(count - 1), "")
 
-    def _take_held(self, model: str) -> int:
+    def _take_held(self, model: str) -> tuple[str, str]:
         """The successes held for the model, taken to be counted now (none that the window has
-        left behind)."""
+        left behind): their count and when the last of them was seen, as the script's args."""
         with self._lock:
-            count, _, first_clock = self._held.pop(model, (0, 0.0, 0.0))
-        return count if self._clock() - first_clock < self._window_s else 0
+            count, _, first_clock, last_clock = self._held.pop(model, (0, 0.0, 0.0, 0.0))
+        if count == 0 or self._clock() - first_clock >= self._window_s:
+            return "0", ""
+        return str(count), repr(last_clock)
 
     def record_failure(
         self,
@@ -285,6 +294,7 @@ class RedisCircuitBreaker:
         asked = _asked_cool_down(retry_after)
         with self._lock:  # the next call asks Redis: this failure may have opened it
             self._closed_seen.pop(model, None)
+            self._failed_at[model] = time.monotonic()
         what = self._run(
             model,
             "record",
@@ -292,7 +302,7 @@ class RedisCircuitBreaker:
             reason,
             "" if asked is None else repr(asked),
             probe.token if probe else "",
-            str(self._take_held(model)),
+            *self._take_held(model),
         )
         metrics.breaker_recorded(model, _text(what))
 

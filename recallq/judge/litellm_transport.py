@@ -110,17 +110,20 @@ class LitellmTransport:
             # a status litellm has no exception of its own for (a 403 of some providers, a
             # 409): what it means is the status's, as on the direct lane
             status = getattr(exc, "status_code", None)
-            if isinstance(status, int) and 400 <= status < 600:
+            connection = _connection_reason(exc)
+            if isinstance(status, int) and 400 <= status < 600 and connection is None:
                 raise status_error(status, _message(exc), _retry_after(exc)) from None
             raise TransientProviderError(
-                type(exc).__name__, _message(exc), unavailable(None), _retry_after(exc)
+                type(exc).__name__, _message(exc), connection or unavailable(None)
             ) from None
         choices = getattr(response, "choices", None)
         choice = choices[0] if choices else None
         message = getattr(choice, "message", None)
-        if message is None:  # litellm hands back nothing for some error statuses (a 422)
-            raise TransientProviderError(
-                "APIError", "the provider answered without a chat completion", unavailable(None)
+        if message is None:
+            # litellm hands back nothing for an error status it does not read (a 422): the
+            # provider answered, and refused this request
+            raise PermanentProviderError(
+                "APIError", "the provider refused the request (litellm gave back no response)"
             )
         reported = getattr(response, "usage", None)
         prompt = reported_tokens(getattr(reported, "prompt_tokens", 0))
@@ -148,12 +151,17 @@ def _reason(exc: Exception) -> str:
     """What a transient failure means, in the words the run shows while it waits."""
     if isinstance(exc, litellm.Timeout):
         return TIMEOUTS
+    return _connection_reason(exc) or unavailable(getattr(exc, "status_code", None))
+
+
+def _connection_reason(exc: Exception) -> str | None:
+    """The reason of a failure to reach the provider at all, whatever status litellm gave it
+    (it reports a refused connection as a 500); None when the provider answered."""
     chain = causes(exc)
     if any(isinstance(cause, ConnectionRefusedError) for cause in chain):
-        # litellm reports a refused connection as a 500: it is nothing listening at api_base
         return CONNECTION_REFUSED
     if isinstance(exc, litellm.APIConnectionError) or any(
         isinstance(cause, httpx.ConnectError | openai.APIConnectionError) for cause in chain
     ):
         return CONNECTION_ERRORS
-    return unavailable(getattr(exc, "status_code", None))
+    return None

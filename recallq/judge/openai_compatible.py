@@ -14,6 +14,7 @@ import json
 import logging
 import re
 import time
+import urllib.request
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -72,12 +73,15 @@ class OpenAICompatibleTransport:
         # The pooled transport without httpx.Client around it: a judge call needs none of the
         # client's per-request work (merging the URL and headers, cookies, auth, redirects,
         # event hooks), which cost as much CPU as the HTTP exchange itself (issue 29).
-        self._transport = httpx.HTTPTransport(
-            limits=httpx.Limits(max_connections=None, max_keepalive_connections=KEEP_ALIVE)
-        )
+        # It honours the proxy the environment names for the endpoint, as the client would.
         self._url = httpx.URL(endpoint.url)
-        defaults = httpx.Client().headers  # what httpx.Client would send (Accept, User-Agent...)
-        self._headers = {**defaults, "Content-Type": "application/json", **endpoint.headers}
+        self._transport = httpx.HTTPTransport(
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=KEEP_ALIVE),
+            proxy=environment_proxy(self._url),
+        )
+        with httpx.Client(trust_env=False) as client:  # its default headers (Accept, ...)
+            self._headers = httpx.Headers(client.headers)
+        self._headers.update({"Content-Type": "application/json", **endpoint.headers})
 
     def complete(
         self, messages: list[dict[str, str]], response_format: dict[str, Any], timeout: float
@@ -148,6 +152,17 @@ class OpenAICompatibleTransport:
 
     def _cost(self, prompt: int, completion: int) -> float:
         return self._price.cost(prompt, completion) if self._price is not None else 0.0
+
+
+def environment_proxy(url: httpx.URL) -> str | None:
+    """The proxy that HTTP_PROXY / HTTPS_PROXY / ALL_PROXY name for `url`, unless NO_PROXY
+    exempts its host (the variables httpx.Client and the OpenAI SDK read)."""
+    proxies = urllib.request.getproxies_environment()
+    proxy = proxies.get(url.scheme) or proxies.get("all")
+    bypass = urllib.request.proxy_bypass_environment  # type: ignore[attr-defined]  # untyped
+    if not proxy or bypass(url.host, proxies):
+        return None
+    return proxy if "://" in proxy else f"http://{proxy}"
 
 
 def _read_capped(

@@ -435,10 +435,10 @@ def test_wakes_say_when_a_probe_is_due_and_when_it_closed(
 def _window(client: redis.Redis, model: str) -> tuple[int, int, int]:
     """(calls, failures, failures in a row) that Redis holds for a closed breaker."""
     fields: dict[bytes, bytes] = client.hgetall(keys.breaker(model))  # type: ignore[assignment]
-    state = {k.decode(): int(v) for k, v in fields.items() if k[:1] in (b"n", b"f", b"c")}
-    calls = sum(v for k, v in state.items() if k.startswith("n"))
-    failures = sum(v for k, v in state.items() if k.startswith("f"))
-    return calls, failures, state.get("consec", 0)
+    state = {k.decode(): v for k, v in fields.items()}
+    calls = sum(int(v) for k, v in state.items() if k[0] == "n" and k[1:].isdigit())
+    failures = sum(int(v) for k, v in state.items() if k[0] == "f" and k[1:].isdigit())
+    return calls, failures, int(state.get("consec", 0))
 
 
 class _CountedConnection(redis.Connection):
@@ -455,9 +455,10 @@ def test_a_worker_keeps_a_local_view_between_its_calls(
     redis_server: redis.Redis, model: str
 ) -> None:
     """Issue 29: a worker takes a closed breaker for closed for `local_view_s` without asking
-    Redis, and holds its successes until then, counting them before its next failure; a
-    breaker opened by another worker stops its calls once the view is old, or at once after
-    one of its own calls failed."""
+    Redis, and holds its successes until then, counting them before its next failure (they
+    end a run of failures only if seen after its last failure); a breaker opened by another
+    worker stops its calls once the view is old, or at once after one of its own calls
+    failed."""
     view = 2.0
     kwargs = redis_server.connection_pool.connection_kwargs
     pool = redis.ConnectionPool(
@@ -465,6 +466,9 @@ def test_a_worker_keeps_a_local_view_between_its_calls(
     )
     worker = RedisCircuitBreaker(redis.Redis(connection_pool=pool), local_view_s=view)
     other = RedisCircuitBreaker(redis_server, local_view_s=0)
+    for _ in range(4):
+        other.record_failure(model, UNAVAILABLE)
+    assert _window(redis_server, model) == (4, 4, 4)
     assert worker.before_call(model) == Closed()  # asked Redis
     trips = _CountedConnection.sent
     assert trips > 0
@@ -472,12 +476,9 @@ def test_a_worker_keeps_a_local_view_between_its_calls(
         assert worker.before_call(model) == Closed()
         worker.record_success(model)
     assert _CountedConnection.sent == trips  # 20 calls, no round trip
-    assert _window(redis_server, model) == (0, 0, 0)  # the successes are held
-
-    for _ in range(4):
-        other.record_failure(model, UNAVAILABLE)
-    assert _window(redis_server, model) == (4, 4, 4)
-    worker.record_failure(model, UNAVAILABLE)  # its 20 successes came before: counted first
+    assert _window(redis_server, model) == (4, 4, 4)  # the successes are held
+    # its failure counts them first: seen after the other's failures, they ended that run
+    worker.record_failure(model, UNAVAILABLE)
     assert _window(redis_server, model) == (25, 5, 1)
 
     other.before_call(model)
@@ -485,6 +486,15 @@ def test_a_worker_keeps_a_local_view_between_its_calls(
         other.record_failure(model, UNAVAILABLE)  # opened by the other worker
     assert isinstance(other.before_call(model), Open)
     assert isinstance(worker.before_call(model), Open)  # its failure dropped its view
+
+    # a success held from before other workers' failures does not end their run of failures
+    late = f"{model}-late"
+    assert worker.before_call(late) == Closed()
+    worker.record_success(late)  # held
+    for _ in range(4):
+        other.record_failure(late, UNAVAILABLE)
+    worker.record_failure(late, UNAVAILABLE)  # the fifth in a row: opens
+    assert isinstance(other.before_call(late), Open)
 
     fresh = f"{model}-b"
     assert worker.before_call(fresh) == Closed()

@@ -335,6 +335,7 @@ def _answering(
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             self.rfile.read(int(self.headers["content-length"]))
+            requests.append((self.path, [name.lower() for name in self.headers]))
             self.send_response(status)
             if 300 <= status < 400:
                 self.send_header("location", "http://elsewhere.invalid/v1/chat/completions")
@@ -346,7 +347,9 @@ def _answering(
         def log_message(self, *args: object) -> None:
             pass
 
+    requests: list[tuple[str, list[str]]] = []  # each request's target and header names
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.requests = requests  # type: ignore[attr-defined]
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server
 
@@ -410,8 +413,9 @@ WAITS, FAILS = "waits", "fails"
         (404, (FAILS, "NotFoundError"), (FAILS, "NotFoundError")),
         (409, (WAITS, "provider unavailable (409)"), (WAITS, "provider unavailable (409)")),
         (418, (FAILS, "BadRequestError"), (FAILS, "BadRequestError")),
-        # litellm hands back no response for a 422, and follows no redirect: the item waits
-        (422, (FAILS, "UnprocessableEntityError"), (WAITS, "provider unavailable")),
+        # litellm hands back no response for a 422 (the name is lost), and follows no
+        # redirect (the item waits: is api_base right?)
+        (422, (FAILS, "UnprocessableEntityError"), (FAILS, "the provider refused the request")),
         (302, (FAILS, "is api_base right?"), (WAITS, "connection errors")),
     ],
 )
@@ -442,3 +446,29 @@ def test_each_error_status_is_a_judge_error_on_either_lane(
                 assert raised.value.reason == said, (lane, raised.value.reason)
     finally:
         server.shutdown()
+
+
+def test_the_environment_s_proxy_is_used_and_no_header_goes_twice(monkeypatch) -> None:
+    """As httpx.Client and the OpenAI SDK do: HTTP_PROXY carries the call (the server below is
+    the proxy: it sees the absolute URL), NO_PROXY exempts a host; a header the models file
+    gives replaces httpx's default of that name, whatever its case."""
+    proxy = _answering(_completion({"prompt_tokens": 3, "completion_tokens": 2}))
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "NO_PROXY"):
+        for variable in (name, name.lower()):
+            monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.server_port}")
+    try:
+        headers = {"User-Agent": "eval-team/1", "X-Team": "a"}
+        judge = _judge("http://judge.example.invalid/v1", extra_headers=headers)
+        assert judge.extract_claims(GROUND_TRUTH, "r").data["claims"]
+        target, names = proxy.requests[-1]  # type: ignore[attr-defined]
+        assert target == "http://judge.example.invalid/v1/chat/completions"
+        assert names.count("user-agent") == 1 and names.count("content-type") == 1
+        assert "x-team" in names
+
+        monkeypatch.setenv("NO_PROXY", "judge.example.invalid")
+        with pytest.raises(ProviderUnavailable):  # straight to a host that does not exist
+            _judge("http://judge.example.invalid/v1").extract_claims(GROUND_TRUTH, "r")
+        assert len(proxy.requests) == 1  # type: ignore[attr-defined]
+    finally:
+        proxy.shutdown()

@@ -39,7 +39,9 @@ in the UPDATE itself, so a stale or duplicate copy of a stage writes nothing (no
 claims, no usage counted twice). When a pass lost the item (its run was cancelled, another
 pass took it over), the calls it made were still sent and billed: their usage counts on the
 item, and nothing else of the pass is written. Usage a write could not store because the
-database was down is kept and written once it is back, once per charge (usage_spool).
+database was down is kept and written once it is back, once per charge (item_charges,
+usage_spool): each write records the charges it counted, so a kept copy of one whose commit
+landed but whose answer was lost counts nothing more.
 
 The hot path uses Core statements built once, with bound parameters (building SQLAlchemy
 expressions per call cost more CPU than running them); a statement that stands alone runs

@@ -5,8 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
@@ -26,6 +25,7 @@ from recallq.core.usage import NO_USAGE, Usage
 from recallq.observability import metrics
 from recallq.state.claim_cache import ClaimCache
 from recallq.state.db import Database
+from recallq.state.item_charges import ItemCharges, charges_of
 from recallq.state.item_statements import (
     HAND_OVER,
     HAND_OVER_GROUP,
@@ -83,15 +83,6 @@ class FoundClaims:
     cache_key: str
 
 
-def _charges_of(taken: Taken, *spent: tuple[Usage, Stage]) -> list[Charge]:
-    """The charges of what a pass's stages `spent` (none for a stage that spent nothing)."""
-    return [
-        Charge.new(taken.item_id, taken.run_id, stage, usage)
-        for usage, stage in spent
-        if usage != NO_USAGE
-    ]
-
-
 def _refused(item_id: int, move: str, owner: str) -> None:
     """A guarded write that found the item no longer its pass's: one line each, so that a stale
     pass's late writes (a worker back from a partition, a redelivered message) can be seen."""
@@ -115,13 +106,18 @@ class ItemStore:
         (and are extracted) together. `spool` keeps the usage of writes the database refused
         to take (it was down) until `write_spooled` can write it."""
         self._db = database
-        self.spool = spool or UsageSpool()
+        self.charges = ItemCharges(database, spool or UsageSpool())
         self.lease_seconds = lease_seconds
         self.queue_lease_seconds = queue_lease_seconds
         self.dispatch_window = dispatch_window
         self.release_group = min(release_group, dispatch_window)
         self._run_contexts: OrderedDict[str, list[str]] = OrderedDict()
         self._run_contexts_lock = threading.Lock()
+
+    @property
+    def spool(self) -> UsageSpool:
+        """Where the usage of writes the database did not take waits (see ItemCharges)."""
+        return self.charges.spool
 
     def _lease(self, seconds: float | None = None) -> datetime:
         """Lease of a stage at work (default), or of `seconds`."""
@@ -306,7 +302,7 @@ class ItemStore:
             "lease_until": self.queue_lease(),
             "waiting_since": None,
         }
-        with self._charging(taken, (usage, Stage.EXTRACTION)) as charges:
+        with self.charges.charging(taken, (usage, Stage.EXTRACTION)) as charges:
             if self._db.dialect == "postgresql":
                 all_new = self._save_claims_in_one(
                     taken, values, charges, claims, cache_hit, cache_key
@@ -363,9 +359,7 @@ class ItemStore:
             }
             for f in found
         ]
-        charges = {
-            f.taken.item_id: _charges_of(f.taken, (f.usage, Stage.EXTRACTION)) for f in found
-        }
+        charges = {f.taken.item_id: charges_of(f.taken, (f.usage, Stage.EXTRACTION)) for f in found}
         params = {"b_rows": rows, "b_ids": ids, "b_lease": self.queue_lease()}
         params |= charge_params([c for of_item in charges.values() for c in of_item])
         try:
@@ -373,7 +367,7 @@ class ItemStore:
                 saved = conn.execute(claims_saved_together(), params)
                 written: dict[int, int] = {row.id: row.inserted for row in saved}
         except SQLAlchemyError:
-            self._keep_unwritten([c for of_item in charges.values() for c in of_item])
+            self.charges.keep([c for of_item in charges.values() for c in of_item])
             raise
         refused = [f.taken for f in found if f.taken.item_id not in written]
         if refused:
@@ -381,7 +375,7 @@ class ItemStore:
                 for taken in refused:
                     self._refuse(taken, charges[taken.item_id], "save_claims")
             except SQLAlchemyError:
-                self._keep_unwritten([c for t in refused for c in charges[t.item_id]])
+                self.charges.keep([c for t in refused for c in charges[t.item_id]])
                 raise
         became: list[Taken | Skipped] = []
         for f in found:
@@ -489,7 +483,7 @@ class ItemStore:
         what `stage` spent last, `relevance` what the context_relevance call spent."""
         values = succeeded_values(outcome, usage, stage, cache_hits, precision, relevance)
         rows = verdict_rows(taken.item_id, taken.claims or (), verdicts) if verdicts else []
-        with self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)) as charges:
+        with self.charges.charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)) as charges:
             ended = self._end(taken, values, charges, rows, "succeed")
         if ended is not None and precision is not None:
             metrics.precision_scored(precision.mode)
@@ -501,7 +495,7 @@ class ItemStore:
         """running → failed with its error; the next pending item is queued in its place.
         `relevance`: what a context_relevance call spent, beside `stage`'s `usage`."""
         values = failed_values(error, usage, stage, relevance)
-        with self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)) as charges:
+        with self.charges.charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)) as charges:
             ended = self._end(taken, values, charges, [], "fail")
         return Skipped(SkipReason.NOT_OWNED) if ended is None else ended
 
@@ -569,7 +563,7 @@ class ItemStore:
             "deferrals": 1,
             "waiting_since": waiting_since,
         }
-        with self._charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)) as charges:
+        with self.charges.charging(taken, (usage, stage), (relevance, Stage.RELEVANCE)) as charges:
             if not self._write_owned_alone(taken, values, charges, "defer"):
                 return Skipped(SkipReason.NOT_OWNED)
         return Deferred(until)
@@ -676,41 +670,11 @@ class ItemStore:
         """After a stage's end written in one statement found the item no longer its pass's:
         the charges of the usage the refused write carried still count (see `_write_owned`)."""
         _refused(taken.item_id, move, taken.owner)
-        with self._db.transaction() as conn:
-            write_charges(conn, charges)
-
-    def _keep_unwritten(self, charges: Sequence[Charge]) -> None:
-        """What `_charging` keeps, for extraction's end of several passes."""
-        for charge in charges:
-            self.spool.keep(charge)
-
-    @contextmanager
-    def _charging(self, taken: Taken, *spent: tuple[Usage, Stage]) -> Iterator[list[Charge]]:
-        """Around a write that counts what stages `spent`, as the charges it yields, which the
-        write records with their usage (once per charge id: see item_writes.write_charges). If
-        the database does not take the write (it is down), the charges are kept in the spool,
-        written once it is back, and the error goes on (the task hands its items back). A write
-        whose commit was lost on its way back recorded them: the spool's copy counts nothing."""
-        charges = _charges_of(taken, *spent)
-        try:
-            yield charges
-        except SQLAlchemyError:
-            self._keep_unwritten(charges)
-            raise
+        self.charges.count_refused(charges)
 
     def write_spooled(self) -> int:
-        """Write the usage the spool keeps (once per charge); how many charges were written.
-        While the database is still down the spool keeps them, and says so once."""
-
-        def write(charges: Sequence[Charge]) -> None:
-            with self._db.transaction() as conn:
-                write_charges(conn, charges)
-
-        try:
-            return self.spool.flush(write)
-        except SQLAlchemyError as exc:
-            self.spool.waiting(exc)
-            return 0
+        """Write the usage the spool keeps: see ItemCharges.write_spooled."""
+        return self.charges.write_spooled()
 
     def _release_next(self, conn: Connection, run_id: str) -> tuple[int, ...]:
         """pending → queued: when a group's worth of places in a running run's dispatch

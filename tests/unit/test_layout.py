@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 #: The stores: the only writers of item and run state.
 STORES = frozenset(
     REPO / "recallq" / "state" / f"{name}.py"
-    for name in ("items", "runs", "batched_items", "item_writes", "item_statements")
+    for name in ("items", "runs", "batched_items", "item_writes", "item_statements", "item_charges")
 )
 STATE_TABLES = {"Item", "Run", "items", "runs"}
 SQL_WRITE = re.compile(r"\b(update|insert\s+into|delete\s+from)\s+(items|runs)\b", re.IGNORECASE)

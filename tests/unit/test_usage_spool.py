@@ -107,7 +107,7 @@ def test_charges_stay_kept_while_they_cannot_be_written(db: Database) -> None:
     with pytest.raises(ConnectionError):
         spool.flush(down)
     assert len(spool.pending()) == 1
-    items.spool = spool
+    items.charges.spool = spool
     assert items.write_spooled() == 1 and spool.pending() == []
     assert _usage(db, item_id) == (1, 100, 0)
 

@@ -3,7 +3,7 @@ stage's end is written, recorded by the write that counts them (recallq.state.it
 in the spool when the database does not take the write, and written from it once it is back.
 
     ItemCharges.charging(pass, (usage, stage), ...)   the charges a write counts; kept if it fails
-    ItemCharges.count_refused(charges)                a refused write still counts them
+    ItemCharges.write(charges)                        a refused write still counts them
     ItemCharges.write_spooled()                       the spool's charges, once per charge id
 """
 
@@ -47,22 +47,18 @@ class ItemCharges:
         for charge in charges:
             self.spool.keep(charge)
 
-    def count_refused(self, charges: Sequence[Charge]) -> None:
-        """The charges of a write that found its item no longer its pass's: the calls were
-        sent and billed, so their usage counts on the item, whatever its state."""
+    def write(self, charges: Sequence[Charge]) -> None:
+        """Add the charges' usage to their items, once per charge id, in one transaction: a
+        refused write's (the calls were sent and billed, so their usage counts on the item
+        whatever its state), or the spool's."""
         with self._db.transaction() as conn:
             write_charges(conn, charges)
 
     def write_spooled(self) -> int:
         """Write the usage the spool keeps (once per charge); how many charges were written.
         While the database is still down the spool keeps them, and says so once."""
-
-        def write(charges: Sequence[Charge]) -> None:
-            with self._db.transaction() as conn:
-                write_charges(conn, charges)
-
         try:
-            return self.spool.flush(write)
+            return self.spool.flush(self.write)
         except SQLAlchemyError as exc:
             self.spool.waiting(exc)
             return 0

@@ -649,26 +649,24 @@ def _charge_insert(dialect: str) -> Insert:
 _CHARGED_ITEM = select(items.c.id).where(items.c.id == bindparam("item_id")).with_for_update()
 
 
-def _charge_row(charge: Charge) -> dict[str, Any]:
+def _charge_row(charge: Charge, as_json: bool = False) -> dict[str, Any]:
+    """A charge's `usage_charges` row (`as_json`: its time as text, for a JSON parameter)."""
     usage = charge.usage
+    answered_at = datetime.fromtimestamp(charge.answered_at, UTC)
     return {
         "charge_id": charge.charge_id,
         "item_id": charge.item_id,
         "run_id": charge.run_id,
         "stage": str(charge.stage),
         **{k: getattr(usage, k) for k in CHARGE_COUNTERS},
-        "answered_at": datetime.fromtimestamp(charge.answered_at, UTC),
+        "answered_at": answered_at.isoformat() if as_json else answered_at,
     }
 
 
 def charge_params(charges: Sequence[Charge]) -> dict[str, Any]:
     """The parameters of the charges a one-statement write records beside its item's usage
     (b_charges, as JSON)."""
-    rows = [
-        _charge_row(c) | {"answered_at": datetime.fromtimestamp(c.answered_at, UTC).isoformat()}
-        for c in charges
-    ]
-    return {"b_charges": rows, "b_now": utcnow()}
+    return {"b_charges": [_charge_row(c, as_json=True) for c in charges], "b_now": utcnow()}
 
 
 def record_charges(conn: Connection, charges: Sequence[Charge]) -> None:

@@ -670,7 +670,7 @@ class ItemStore:
         """After a stage's end written in one statement found the item no longer its pass's:
         the charges of the usage the refused write carried still count (see `_write_owned`)."""
         _refused(taken.item_id, move, taken.owner)
-        self.charges.count_refused(charges)
+        self.charges.write(charges)
 
     def write_spooled(self) -> int:
         """Write the usage the spool keeps: see ItemCharges.write_spooled."""
